@@ -1,0 +1,179 @@
+// XLA FFI handlers for the fused SwiGLU kernels and the nanobind module that hands them
+// to Python (jax_swiglu/_native.py registers every capsule in `registrations()`).
+//
+// Handlers are typed, take the stream from PlatformStream<cudaStream_t>, validate
+// everything they are given, and report problems as ffi::Error values: they never throw,
+// abort, synchronize or allocate, so they are safe inside XLA's command buffers.
+#include <cuda_runtime_api.h>
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "kernel_configs.h"
+#include "launch.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+namespace ffi = xla::ffi;
+
+namespace jax_swiglu {
+namespace {
+
+template <ffi::DataType T>
+using ElementTagFor = std::conditional_t<T == ffi::DataType::BF16, BF16, F16>;
+
+// config id -> instantiation. Generated from the one config table.
+template <class ElementTag>
+std::string DispatchInterleaved(int64_t config, const SwigluProblem& problem,
+                                cudaStream_t stream) {
+  switch (config) {
+#define JAX_SWIGLU_DISPATCH_ROW(id, ...) \
+  case id:                               \
+    return LaunchInterleaved<id, ElementTag>(problem, stream);
+    JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_DISPATCH_ROW)
+#undef JAX_SWIGLU_DISPATCH_ROW
+    default:
+      return "unknown interleaved kernel config " + std::to_string(config);
+  }
+}
+
+template <class Dimensions>
+std::string Dims(Dimensions dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// Shape checks shared by every kernel: x [M, K], packed [K, 2 * n_packed], out [M, N].
+template <class Buffer>
+ffi::Error DescribeProblem(const Buffer& x, const Buffer& packed, const Buffer& out,
+                           SwigluProblem* problem) {
+  auto xd = x.dimensions(), wd = packed.dimensions(), od = out.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || od.size() != 2) {
+    return ffi::Error::InvalidArgument("jax_swiglu: expected x [M, K], packed [K, 2N'], out [M, N]; got " +
+                                       Dims(xd) + ", " + Dims(wd) + ", " + Dims(od));
+  }
+  SwigluProblem& p = *problem;
+  p = SwigluProblem{x.untyped_data(), packed.untyped_data(), out.untyped_data(),
+                    xd[0], od[1], wd[1] / 2, xd[1]};
+  if (wd[0] != p.k || od[0] != p.m || wd[1] % (2 * kGateUpBlock) != 0 || p.n > p.n_packed ||
+      p.n <= p.n_packed - kGateUpBlock) {
+    return ffi::Error::InvalidArgument("jax_swiglu: inconsistent shapes x " + Dims(xd) +
+                                       ", packed " + Dims(wd) + ", out " + Dims(od));
+  }
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (p.m > kMax || p.k > kMax || 2 * p.n_packed > kMax) {
+    return ffi::Error::InvalidArgument("jax_swiglu: a dimension exceeds 2^31 - 1");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error CheckDevice() {
+  DeviceFacts facts;
+  if (std::string err = CurrentDeviceFacts(&facts); !err.empty()) {
+    return ffi::Error::Internal("jax_swiglu: " + err);
+  }
+  if (facts.cc_major != 9 || facts.cc_minor != 0) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_swiglu: the fused kernels need an SM90 (Hopper) GPU; device " +
+                          std::to_string(facts.device) + " is sm_" +
+                          std::to_string(facts.cc_major) + std::to_string(facts.cc_minor));
+  }
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType T>
+ffi::Error SwigluInterleaved(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
+                             ffi::Result<ffi::Buffer<T>> out, int64_t config) {
+  SwigluProblem problem;
+  if (ffi::Error err = DescribeProblem(x, packed, *out, &problem); err.failure()) return err;
+  if (problem.m == 0) return ffi::Error::Success();  // nothing to write
+  if (ffi::Error err = CheckDevice(); err.failure()) return err;
+  std::string err = DispatchInterleaved<ElementTagFor<T>>(config, problem, stream);
+  if (!err.empty()) return ffi::Error::Internal("jax_swiglu: " + err);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_swiglu
+
+#define JAX_SWIGLU_DEFINE_INTERLEAVED_HANDLER(symbol, dtype)                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, jax_swiglu::SwigluInterleaved<dtype>,   \
+                                ffi::Ffi::Bind()                                \
+                                    .Ctx<ffi::PlatformStream<cudaStream_t>>()   \
+                                    .Arg<ffi::Buffer<dtype>>()                  \
+                                    .Arg<ffi::Buffer<dtype>>()                  \
+                                    .Ret<ffi::Buffer<dtype>>()                  \
+                                    .Attr<int64_t>("config"),                   \
+                                {ffi::Traits::kCmdBufferCompatible})
+
+JAX_SWIGLU_DEFINE_INTERLEAVED_HANDLER(JaxSwigluInterleavedBf16, ffi::DataType::BF16);
+JAX_SWIGLU_DEFINE_INTERLEAVED_HANDLER(JaxSwigluInterleavedF16, ffi::DataType::F16);
+
+namespace {
+
+const char* ScheduleName(jax_swiglu::Schedule s) {
+  return s == jax_swiglu::Schedule::Cooperative ? "cooperative" : "pingpong";
+}
+
+// Every FFI target: its name (which says what runs), the kernel and dtype it runs, and
+// its handler. The one list that both functions below read.
+struct Target {
+  const char* name;
+  const char* kernel;
+  const char* dtype;
+  XLA_FFI_Error* (*handler)(XLA_FFI_CallFrame*);
+};
+const Target kTargets[] = {
+    {"jax_swiglu_interleaved_bf16", "interleaved", "bfloat16", JaxSwigluInterleavedBf16},
+    {"jax_swiglu_interleaved_f16", "interleaved", "float16", JaxSwigluInterleavedF16},
+};
+
+}  // namespace
+
+NB_MODULE(_kernels, m) {
+  m.doc() = "jax_swiglu native kernels: XLA FFI handlers and their configuration table.";
+
+  // FFI target name -> handler capsule, for jax.ffi.register_ffi_target.
+  m.def("registrations", []() {
+    nb::dict d;
+    for (const Target& t : kTargets) d[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
+    return d;
+  });
+
+  // (name, kernel, dtype) of every target, so Python never spells a target name itself.
+  m.def("targets", []() {
+    nb::list l;
+    for (const Target& t : kTargets) {
+      nb::dict d;
+      d["name"] = t.name;
+      d["kernel"] = t.kernel;
+      d["dtype"] = t.dtype;
+      l.append(d);
+    }
+    return l;
+  });
+
+  // The compiled tile configurations (ffi/kernel_configs.h), by kernel.
+  m.def("kernel_configs", []() {
+    nb::list l;
+    for (const auto& c : jax_swiglu::kInterleavedConfigs) {
+      nb::dict d;
+      d["kernel"] = "interleaved";
+      d["id"] = c.id;
+      d["schedule"] = ScheduleName(c.schedule);
+      d["tile_m"] = c.tile_m;
+      d["tile_n"] = c.tile_n;
+      d["tile_k"] = c.tile_k;
+      d["cluster_m"] = c.cluster_m;
+      d["cluster_n"] = c.cluster_n;
+      l.append(d);
+    }
+    return l;
+  });
+
+  m.attr("gate_up_block") = jax_swiglu::kGateUpBlock;
+}

@@ -1,0 +1,44 @@
+// Host-side interface between the FFI handlers (plain C++) and the CUTLASS kernel
+// instantiations (CUDA translation units). Nothing here includes CUTLASS.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+namespace jax_swiglu {
+
+// Element types the kernels are instantiated for (tags, so this header needs no CUDA
+// half/bfloat16 headers).
+struct BF16 {};
+struct F16 {};
+
+// One fused SwiGLU call: out[M, N] = SiLU(x @ W_gate) * (x @ W_up), all row-major.
+struct SwigluProblem {
+  const void* x;       // [m, k]
+  const void* packed;  // [k, 2 * n_packed], layout of jax_swiglu/_layout.py
+  void* out;           // [m, n]
+  int64_t m;
+  int64_t n;         // output columns, n <= n_packed
+  int64_t n_packed;  // n rounded up to the gate/up block
+  int64_t k;
+};
+
+// Launches one configuration of the interleaved kernel on `stream`. Returns an empty
+// string on success, otherwise a message that says what was wrong. Never synchronizes
+// and never allocates, so it is safe inside CUDA graph capture.
+template <int ConfigId, class Element>
+std::string LaunchInterleaved(const SwigluProblem& problem, cudaStream_t stream);
+
+// Per-device facts the launchers need, read once per device and cached.
+struct DeviceFacts {
+  int device;
+  int sm_count;
+  int cc_major;
+  int cc_minor;
+};
+// Fills `facts` for the current device; returns an error message or "".
+std::string CurrentDeviceFacts(DeviceFacts* facts);
+
+}  // namespace jax_swiglu

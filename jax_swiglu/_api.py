@@ -1,0 +1,89 @@
+"""Public entry points: ``swiglu``, ``fused_mlp`` and ``explain``."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from . import _layout, _selection
+from ._primitive import swiglu_p
+
+
+def _check_x(x, packed: _layout.PackedWeights):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"x must be an array, got {type(x).__name__}")
+    if x.ndim < 1:
+        raise ValueError("x must have shape [..., K] (at least one dimension), got a scalar")
+    if x.dtype not in _layout.KERNEL_DTYPES:
+        raise TypeError(
+            f"x must be bfloat16 or float16, got {x.dtype}; cast it (and pack the weights "
+            "with the same dtype, pack_weights(..., dtype=...))")
+    if packed.dtype != x.dtype:
+        raise TypeError(
+            f"x is {x.dtype} but the packed weights are {packed.dtype}; they must match")
+    if x.shape[-1] != packed.k:
+        raise ValueError(
+            f"x has K={x.shape[-1]} (shape {tuple(x.shape)}) but the weights have K={packed.k}")
+
+
+def swiglu(x, packed, *, kernel: str = "auto"):
+    """``SiLU(x @ W_gate) * (x @ W_up)`` as one fused kernel (inference only).
+
+    Args:
+      x: ``[..., K]`` bfloat16 or float16; leading dimensions are folded into M. A rank-1
+        ``x`` is one token (``[K] -> [N]``), as with ``x @ W``.
+      packed: :class:`PackedWeights` from :func:`pack_weights`, same dtype as ``x``.
+      kernel: ``"auto"`` (the selection table, by M), ``"interleaved"`` or ``"xla"``
+        (the plain XLA path). ``JAX_SWIGLU_KERNEL`` sets the same globally.
+
+    Returns:
+      ``[..., N]`` in ``x.dtype``: products accumulated in fp32, SiLU and product in fp32,
+      rounded once.
+    """
+    packed = _layout.as_packed(packed, "packed")
+    _check_x(x, packed)
+    _selection.check_kernel_name(kernel)
+    lead = x.shape[:-1]
+    m = math.prod(lead)
+    if m == 0:
+        return jnp.zeros((*lead, packed.n), x.dtype)
+    y = swiglu_p.bind(x.reshape(m, packed.k), packed.data, n=packed.n, kernel=kernel)
+    return y.reshape(*lead, packed.n)
+
+
+def fused_mlp(x, packed, w_down, *, kernel: str = "auto"):
+    """A whole SwiGLU MLP block: ``(SiLU(x @ W_gate) * (x @ W_up)) @ W_down``.
+
+    The gated part is :func:`swiglu`; the down projection is a plain XLA dot.
+
+    Args:
+      x: ``[..., K]``.
+      packed: :class:`PackedWeights` (``K -> N``).
+      w_down: ``[N, K_out]``, same dtype as ``x``.
+      kernel: as in :func:`swiglu`.
+    """
+    packed = _layout.as_packed(packed, "packed")
+    if not hasattr(w_down, "shape") or w_down.ndim != 2 or w_down.shape[0] != packed.n:
+        raise ValueError(
+            f"w_down must be [N, K_out] with N={packed.n}, got "
+            f"{tuple(getattr(w_down, 'shape', ())) or type(w_down).__name__}")
+    if w_down.dtype != x.dtype:
+        raise TypeError(f"w_down is {w_down.dtype} but x is {x.dtype}; they must match")
+    return jnp.matmul(swiglu(x, packed, kernel=kernel), w_down)
+
+
+def explain(x, packed, *, kernel: str = "auto", platform: str | None = None) -> str:
+    """Which kernel a call with these shapes would run, and why, without running it.
+
+    ``x`` may be an array or a ``jax.ShapeDtypeStruct``; ``platform`` defaults to the
+    default backend.
+    """
+    packed = _layout.as_packed(packed, "packed")
+    _check_x(x, packed)
+    platform = platform or jax.default_backend()
+    platform = "cuda" if platform == "gpu" else platform
+    m = math.prod(x.shape[:-1])
+    choice = _selection.choose(m, packed.n, packed.k, x.dtype, kernel=kernel, platform=platform)
+    return f"M={m} N={packed.n} K={packed.k} {x.dtype} on {platform}: {choice.describe()}"

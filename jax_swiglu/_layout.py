@@ -1,0 +1,195 @@
+"""The packed gate/up weight layout: the one place that defines it.
+
+Both kernels read one packed matrix ``[K, 2 * N_pad]`` built from ``W_gate`` and
+``W_up`` (each ``[K, N]``) by a *block interleave* of width ``GATE_UP_BLOCK = 64``::
+
+    packed[:, 128*b      : 128*b + 64]  = W_gate[:, 64*b : 64*b + 64]
+    packed[:, 128*b + 64 : 128*b + 128] = W_up  [:, 64*b : 64*b + 64]
+
+``N`` is zero-padded up to a multiple of 64 (``N_pad``); the padded columns produce
+``SiLU(0) * 0 = 0`` and are never stored.
+
+Why this layout, and not the even/odd column interleave:
+
+* Interleaved kernel (one GEMM over ``[M, 2N, K]``): a wgmma accumulator fragment keeps
+  each 8-column block of a row in one thread. Since 64 is a multiple of 8, gate column
+  ``n`` and up column ``n`` (64 packed columns apart, inside one 128-column tile pair)
+  land in the same thread's registers, so the epilogue pairs them with no data movement,
+  exactly as with even/odd interleave.
+* Pingpong kernel (gate then up over an ``[M, N]`` grid): the gate (or up) columns of an
+  output tile are whole 64-column runs, i.e. contiguous 128-byte rows, which is precisely
+  one TMA box with the 128-byte swizzle. Under even/odd interleave they would be strided
+  2-byte columns that no TMA box can fetch.
+* Sharding: a shard of ``N`` that is a multiple of 64 owns whole gate/up pairs, so the
+  packed matrix shards along its last axis in blocks of 128 packed columns.
+
+So one packed array serves any M at run time, whichever kernel the lowering picks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+GATE_UP_BLOCK = 64
+LAYOUT = f"gate_up_block{GATE_UP_BLOCK}"
+
+# Dtypes the kernels are built for. K and N must keep 16-byte aligned rows for TMA.
+KERNEL_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+ALIGNMENT = 8  # elements of a 2-byte dtype per 16 bytes
+
+
+def padded_n(n: int) -> int:
+    """N rounded up to whole gate/up blocks."""
+    return -(-n // GATE_UP_BLOCK) * GATE_UP_BLOCK
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class PackedWeights:
+    """Gate and up weights in the kernels' packed layout (see module docstring).
+
+    Build it once, at load time, with :func:`pack_weights`. It is a pytree whose only
+    leaf is ``data`` (``[K, 2 * N_pad]``); ``n`` and ``layout`` are static metadata, so it
+    passes through ``jax.jit``, ``vmap`` and checkpointing like an array.
+    """
+
+    data: Any  # [K, 2 * N_pad]
+    n: int
+    layout: str = LAYOUT
+
+    def tree_flatten(self):
+        return (self.data,), (self.n, self.layout)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], *aux)
+
+    @property
+    def k(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def n_padded(self) -> int:
+        return self.data.shape[-1] // 2
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    def validate(self) -> None:
+        """Raises ValueError if ``data`` does not match the metadata and this layout."""
+        shape = tuple(self.data.shape)
+        if self.layout != LAYOUT:
+            raise ValueError(
+                f"PackedWeights uses layout {self.layout!r}, but this version of jax_swiglu "
+                f"reads {LAYOUT!r}; pack the weights again with jax_swiglu.pack_weights")
+        if len(shape) != 2 or shape[1] != 2 * padded_n(self.n) or self.n <= 0:
+            raise ValueError(
+                f"PackedWeights data has shape {shape}, but n={self.n} needs "
+                f"[K, {2 * padded_n(max(self.n, 1))}]; it was not built by "
+                "jax_swiglu.pack_weights (or was modified since)")
+
+
+def _check_weight(name: str, w) -> None:
+    if not jnp.issubdtype(w.dtype, jnp.floating):
+        raise TypeError(f"{name} must be a floating-point array, got dtype {w.dtype}")
+
+
+def pack_weights(w_gate, w_up=None, *, dtype=None) -> PackedWeights:
+    """Packs gate and up projection weights for :func:`jax_swiglu.swiglu`.
+
+    Args:
+      w_gate: ``[K, N]`` gate weights (``x @ w_gate``), or the stacked ``[K, 2, N]``
+        form (``[:, 0]`` gate, ``[:, 1]`` up) used by tokamax and TransformerEngine, in
+        which case ``w_up`` must be omitted.
+      w_up: ``[K, N]`` up weights.
+      dtype: optional dtype to cast to (the kernels run bfloat16 and float16).
+
+    Returns:
+      A :class:`PackedWeights` holding ``[K, 2 * N_pad]`` with ``N_pad`` = N rounded up to
+      64. Do this once when the weights are loaded, not per call.
+    """
+    if w_up is None:
+        _check_weight("w_gate", w_gate)
+        if w_gate.ndim != 3 or w_gate.shape[1] != 2:
+            raise ValueError(
+                "pack_weights(w) takes the stacked [K, 2, N] form; got shape "
+                f"{tuple(w_gate.shape)}. Pass separate weights as pack_weights(w_gate, w_up)")
+        w_gate, w_up = w_gate[:, 0], w_gate[:, 1]
+    _check_weight("w_gate", w_gate)
+    _check_weight("w_up", w_up)
+    if w_gate.ndim != 2 or w_up.ndim != 2:
+        raise ValueError(
+            "w_gate and w_up must be [K, N]; got shapes "
+            f"{tuple(w_gate.shape)} and {tuple(w_up.shape)}")
+    if w_gate.shape != w_up.shape:
+        raise ValueError(
+            f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} must have the same shape")
+    if w_gate.dtype != w_up.dtype and dtype is None:
+        raise TypeError(
+            f"w_gate ({w_gate.dtype}) and w_up ({w_up.dtype}) have different dtypes; "
+            "pass dtype= to cast both")
+    k, n = w_gate.shape
+    check_alignment(k, n)
+    if dtype is not None:
+        w_gate, w_up = w_gate.astype(dtype), w_up.astype(dtype)
+
+    n_pad = padded_n(n)
+    blocks = n_pad // GATE_UP_BLOCK
+    pad = [(0, 0), (0, n_pad - n)]
+    gate = jnp.pad(w_gate, pad).reshape(k, blocks, 1, GATE_UP_BLOCK)
+    up = jnp.pad(w_up, pad).reshape(k, blocks, 1, GATE_UP_BLOCK)
+    data = jnp.concatenate([gate, up], axis=2).reshape(k, 2 * n_pad)
+    return PackedWeights(data, n)
+
+
+def unpack_weights(packed: PackedWeights):
+    """Inverse of :func:`pack_weights`: returns ``(w_gate, w_up)``, each ``[K, N]``."""
+    packed = as_packed(packed, "packed")
+    gate, up = split_gate_up(packed.data, packed.n)
+    return gate, up
+
+
+def split_gate_up(packed_cols, n: int):
+    """Splits ``[..., 2 * N_pad]`` packed columns into gate and up ``[..., n]``.
+
+    Works on the packed weights and, identically, on the product ``x @ packed``.
+    """
+    *lead, width = packed_cols.shape
+    blocks = width // (2 * GATE_UP_BLOCK)
+    pairs = packed_cols.reshape(*lead, blocks, 2, GATE_UP_BLOCK)
+    gate = pairs[..., 0, :].reshape(*lead, blocks * GATE_UP_BLOCK)[..., :n]
+    up = pairs[..., 1, :].reshape(*lead, blocks * GATE_UP_BLOCK)[..., :n]
+    return gate, up
+
+
+def check_alignment(k: int, n: int) -> None:
+    """K and N must keep every row 16-byte aligned, as the kernels' TMA copies need."""
+    if k <= 0 or n <= 0:
+        raise ValueError(f"K and N must be positive, got K={k}, N={n}")
+    if k % ALIGNMENT or n % ALIGNMENT:
+        raise ValueError(
+            f"K={k} and N={n} must be multiples of {ALIGNMENT} (16-byte rows for the "
+            "kernels' TMA copies); pad the weights (zero rows of W and zero columns of x "
+            "for K, zero columns for N) to the next multiple")
+
+
+def as_packed(packed, argname: str) -> PackedWeights:
+    """Returns ``packed`` validated, or raises a TypeError that says what was passed."""
+    if isinstance(packed, PackedWeights):
+        packed.validate()
+        return packed
+    shape = getattr(packed, "shape", None)
+    if shape is not None:
+        hint = (
+            "a stacked [K, 2, N] weight" if len(shape) == 3 and shape[1] == 2
+            else f"an array of shape {tuple(shape)}")
+        raise TypeError(
+            f"{argname} must be PackedWeights from jax_swiglu.pack_weights(w_gate, w_up); got "
+            f"{hint}. Pack the gate and up weights once, at load time")
+    raise TypeError(
+        f"{argname} must be PackedWeights from jax_swiglu.pack_weights, got {type(packed).__name__}")

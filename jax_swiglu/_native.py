@@ -1,0 +1,91 @@
+"""Loads the compiled kernels (``jax_swiglu._kernels``) and registers their FFI targets.
+
+The extension is optional: without nvcc at install time the package is pure Python and
+everything runs on the XLA reference path. ``kernels_available()`` says which it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+
+import jax
+
+from . import _layout
+
+if importlib.util.find_spec(f"{__package__}._kernels") is None:
+    _kernels = None
+    _IMPORT_ERROR: str | None = "the extension was not built (no nvcc at install time)"
+else:
+    try:
+        from . import _kernels  # type: ignore[attr-defined]
+        _IMPORT_ERROR = None
+    except ImportError as error:  # built, but cannot load (e.g. a missing library)
+        _kernels = None
+        _IMPORT_ERROR = f"the extension failed to load: {error}"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One compiled tile configuration (a row of ffi/kernel_configs.h)."""
+
+    kernel: str
+    id: int
+    schedule: str
+    tile_m: int
+    tile_n: int  # packed columns (gate + up) for the interleaved kernel
+    tile_k: int
+    cluster_m: int
+    cluster_n: int
+
+    def describe(self) -> str:
+        return (f"{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
+                f"cluster {self.cluster_m}x{self.cluster_n}")
+
+
+def kernels_available() -> bool:
+    """True if the CUDA kernels were built and loaded (they still need an SM90 GPU)."""
+    return _kernels is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels are not available, or None if they are."""
+    if _kernels is None:
+        return (f"jax_swiglu's CUDA kernels are unavailable: {_IMPORT_ERROR}; the XLA "
+                "reference path runs instead")
+    return None
+
+
+@functools.cache
+def targets() -> dict[tuple[str, str], str]:
+    """``(kernel, dtype name) -> FFI target name``, as the extension defines them."""
+    if _kernels is None:
+        return {}
+    return {(t["kernel"], t["dtype"]): t["name"] for t in _kernels.targets()}
+
+
+@functools.cache
+def kernel_configs() -> dict[str, dict[int, KernelConfig]]:
+    """``kernel -> {config id -> KernelConfig}`` from the compiled table."""
+    if _kernels is None:
+        return {}
+    table: dict[str, dict[int, KernelConfig]] = {}
+    for row in _kernels.kernel_configs():
+        config = KernelConfig(**row)
+        table.setdefault(config.kernel, {})[config.id] = config
+    return table
+
+
+def _register() -> None:
+    if _kernels is None:
+        return
+    if _kernels.gate_up_block != _layout.GATE_UP_BLOCK:
+        raise ImportError(
+            f"jax_swiglu: the compiled kernels read gate/up blocks of {_kernels.gate_up_block} "
+            f"but the Python layout packs blocks of {_layout.GATE_UP_BLOCK}; rebuild the package")
+    for name, capsule in _kernels.registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+
+
+_register()

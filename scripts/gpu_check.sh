@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The GPU check, in one command, on an SM90 machine with no network:
+#   1. installs build requirements the machine lacks from wheels carried in .whl/
+#      (nvidia-cutlass, for the CUTLASS headers),
+#   2. builds jax_swiglu against this machine's own jaxlib (no build isolation),
+#      printing ptxas's register/spill report,
+#   3. runs the whole test suite (the GPU tests included) and
+#   4. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite).
+# Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
+# gpu_report.jsonl (per-case errors) and the benchmark's JSON + markdown.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_check_out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+SUMMARY="$OUT/summary.txt"
+export PYTHONUNBUFFERED=1
+status=0
+
+{
+  echo "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || echo no-git)"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
+  "$PY" -c "import sys, jax, jaxlib; print('python', sys.version.split()[0], 'jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
+  nvcc --version | tail -1
+} > "$SUMMARY" 2>&1
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps .whl/*.whl >> "$SUMMARY" 2>&1
+fi
+
+echo "== build" | tee -a "$SUMMARY"
+start=$(date +%s)
+if ! "$PY" -m pip install -v --no-index --no-deps --no-build-isolation \
+    -C cmake.define.JAX_SWIGLU_PTXAS_VERBOSE=ON . > "$OUT/build.log" 2>&1; then
+  echo "BUILD FAILED (see build.log)" | tee -a "$SUMMARY"
+  tail -40 "$OUT/build.log"
+  exit 1
+fi
+echo "built in $(( $(date +%s) - start )) s; ptxas per kernel:" >> "$SUMMARY"
+grep -E "Compiling entry function|spill stores|Used [0-9]+ registers" "$OUT/build.log" \
+  | sed -E 's/Compiling entry function .*(Cooperative|Pingpong)[^ ]*(bfloat16_t|half_t).*/kernel \1 \2/' \
+  >> "$SUMMARY"
+
+echo "== tests" | tee -a "$SUMMARY"
+rm -f "$OUT/gpu_report.jsonl"
+JAX_SWIGLU_GPU_REPORT="$OUT/gpu_report.jsonl" "$PY" -m pytest -q -rs tests 2>&1 \
+  | tee "$OUT/pytest.log" | tail -5
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+tail -3 "$OUT/pytest.log" >> "$SUMMARY"
+"$PY" - "$OUT/gpu_report.jsonl" >> "$SUMMARY" 2>&1 <<'PYEOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])] if __import__("os").path.exists(sys.argv[1]) else []
+if rows:
+    bad = sum(r["mismatches"] for r in rows)
+    print(f"GPU cases: {len(rows)}, total mismatches {bad}, "
+          f"max rel_fro {max(r['rel_fro'] for r in rows):.3e}")
+PYEOF
+
+echo "== benchmark" | tee -a "$SUMMARY"
+# shellcheck disable=SC2086
+"$PY" benchmarks/bench_swiglu.py ${BENCH_ARGS---quick} --out-dir "$OUT" 2>&1 | tail -25 \
+  | tee -a "$SUMMARY"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+echo "== done, status $status" | tee -a "$SUMMARY"
+exit $status

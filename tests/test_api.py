@@ -1,0 +1,153 @@
+"""The public API on the reference path (any machine): math, shapes, transforms, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_swiglu
+from jax_swiglu import fused_mlp, pack_weights, swiglu
+
+from conftest import random_weights, random_x, reference_f64, rounding_tolerance
+
+
+def _assert_close_to_f64(y, x, w_gate, w_up):
+    r = reference_f64(x, w_gate, w_up)
+    tol = rounding_tolerance(y.dtype)
+    err = np.abs(np.asarray(y, np.float64) - r)
+    # One final rounding (half an ulp) plus fp32 accumulation error, far below an ulp.
+    assert np.all(err <= tol * np.abs(r) + 1e-6), float(np.max(err / (np.abs(r) + 1e-6)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("m, k, n", [(1, 64, 64), (7, 96, 200), (130, 256, 136)])
+def test_matches_float64_reference(key, dtype, m, k, n):
+    kx, kw = jax.random.split(key)
+    w_gate, w_up = random_weights(kw, k, n, dtype)
+    x = random_x(kx, (m, k), dtype)
+    y = jax.jit(swiglu)(x, pack_weights(w_gate, w_up))
+    assert y.shape == (m, n) and y.dtype == dtype
+    _assert_close_to_f64(y, x, w_gate, w_up)
+
+
+def test_eager_call_and_reference_agree(key):
+    kx, kw = jax.random.split(key)
+    w_gate, w_up = random_weights(kw, 64, 128)
+    x = random_x(kx, (5, 64))
+    y = swiglu(x, pack_weights(w_gate, w_up))  # no jit
+    np.testing.assert_array_equal(y, jax_swiglu.swiglu_reference(x, w_gate, w_up))
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 5), (2, 3, 4)])
+def test_leading_dims(key, lead):
+    kx, kw = jax.random.split(key)
+    w_gate, w_up = random_weights(kw, 32, 72)
+    x = random_x(kx, (*lead, 32))
+    y = jax.jit(swiglu)(x, pack_weights(w_gate, w_up))
+    assert y.shape == (*lead, 72)
+    _assert_close_to_f64(y.reshape(-1, 72), x.reshape(-1, 32), w_gate, w_up)
+
+
+def test_empty_m_gives_empty_result(key):
+    packed = pack_weights(*random_weights(key, 32, 64))
+    y = jax.jit(swiglu)(jnp.zeros((0, 4, 32), jnp.bfloat16), packed)
+    assert y.shape == (0, 4, 64) and y.dtype == jnp.bfloat16
+
+
+def test_vmap_over_tokens_folds_into_m(key):
+    kx, kw = jax.random.split(key)
+    w_gate, w_up = random_weights(kw, 32, 64)
+    packed = pack_weights(w_gate, w_up)
+    x = random_x(kx, (4, 6, 32))
+    y = jax.jit(jax.vmap(swiglu, in_axes=(1, None), out_axes=1))(x, packed)
+    np.testing.assert_array_equal(y, swiglu(x, packed))
+    # The batch dim was folded into M: one primitive on [24, 32].
+    jaxpr = jax.make_jaxpr(jax.vmap(swiglu, in_axes=(1, None)))(x, packed)
+    eqns = [e for e in jaxpr.jaxpr.eqns if e.primitive is jax_swiglu.swiglu_p]
+    assert len(eqns) == 1 and eqns[0].invars[0].aval.shape == (24, 32)
+
+
+def test_vmap_over_weights(key):
+    kx, kw = jax.random.split(key)
+    weights = [random_weights(k, 32, 64) for k in jax.random.split(kw, 3)]
+    packed = jax.tree.map(lambda *a: jnp.stack(a), *[pack_weights(g, u) for g, u in weights])
+    x = random_x(kx, (3, 5, 32))
+    y = jax.jit(jax.vmap(swiglu))(x, packed)
+    for i, (g, u) in enumerate(weights):
+        np.testing.assert_array_equal(y[i], jax_swiglu.swiglu_reference(x[i], g, u))
+
+
+def test_fused_mlp_matches_reference_mlp(key):
+    kx, kw, kd = jax.random.split(key, 3)
+    w_gate, w_up = random_weights(kw, 64, 128)
+    w_down = (jax.random.normal(kd, (128, 64)) / np.sqrt(128)).astype(jnp.bfloat16)
+    x = random_x(kx, (2, 9, 64))
+    out = jax.jit(fused_mlp)(x, pack_weights(w_gate, w_up), w_down)
+    expected = jax_swiglu.swiglu_reference(x, w_gate, w_up) @ w_down
+    assert out.shape == (2, 9, 64) and out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_grad_is_refused_as_inference_only(key):
+    packed = pack_weights(*random_weights(key, 32, 64))
+    x = random_x(key, (4, 32))
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        jax.grad(lambda x: swiglu(x, packed).astype(jnp.float32).sum())(x)
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        jax.grad(lambda d: swiglu(x, jax_swiglu.PackedWeights(d, packed.n))
+                 .astype(jnp.float32).sum())(packed.data)
+    # No gradient needed through it (inputs under stop_gradient): fine.
+    g = jax.grad(lambda x: swiglu(jax.lax.stop_gradient(x), packed).astype(jnp.float32).sum()
+                 + x.astype(jnp.float32).sum())(x)
+    assert g.shape == x.shape
+
+
+# --- bad input: each gets a clear error at trace time -------------------------------------
+
+@pytest.fixture
+def packed(key):
+    return pack_weights(*random_weights(key, 32, 64))
+
+
+@pytest.mark.parametrize(
+    "x, error, match",
+    [
+        (jnp.zeros((4, 32), jnp.float32), TypeError, "bfloat16 or float16, got float32"),
+        (jnp.zeros((4, 32), jnp.int8), TypeError, "bfloat16 or float16, got int8"),
+        (jnp.zeros((4, 32), jnp.float16), TypeError, "x is float16 but the packed weights are bfloat16"),
+        (jnp.zeros((4, 40), jnp.bfloat16), ValueError, "x has K=40 .* weights have K=32"),
+        (jnp.zeros((), jnp.bfloat16), ValueError, "at least one dimension"),
+    ],
+)
+def test_bad_x(packed, x, error, match):
+    with pytest.raises(error, match=match):
+        jax.jit(swiglu)(x, packed)
+
+
+def test_unpacked_weights_are_refused(key):
+    w_gate, w_up = random_weights(key, 32, 64)
+    x = jnp.zeros((4, 32), jnp.bfloat16)
+    with pytest.raises(TypeError, match="pack_weights"):
+        swiglu(x, w_gate)
+    with pytest.raises(TypeError, match=r"stacked \[K, 2, N\]"):
+        swiglu(x, jnp.stack([w_gate, w_up], axis=1))
+    with pytest.raises(TypeError, match="PackedWeights"):
+        swiglu(x, (w_gate, w_up))
+
+
+def test_bad_kernel_name(packed):
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        swiglu(jnp.zeros((4, 32), jnp.bfloat16), packed, kernel="fastest")
+
+
+def test_bad_w_down(packed):
+    x = jnp.zeros((4, 32), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"w_down must be \[N, K_out\] with N=64"):
+        fused_mlp(x, packed, jnp.zeros((32, 64), jnp.bfloat16))
+    with pytest.raises(TypeError, match="w_down is float32"):
+        fused_mlp(x, packed, jnp.zeros((64, 32), jnp.float32))
+
+
+def test_explain_on_cpu(packed):
+    text = jax_swiglu.explain(jax.ShapeDtypeStruct((8, 32), jnp.bfloat16), packed, platform="cpu")
+    assert "M=8 N=64 K=32" in text and "xla" in text

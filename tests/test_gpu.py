@@ -1,0 +1,133 @@
+"""The fused kernels on an SM90 GPU against an fp32 reference. Every kernel runs the same suite.
+
+Each case draws fresh random inputs, poisons the output buffer with NaN (the output is
+written into a donated NaN array, see ``test_output_is_written_in_place``), and requires
+relative Frobenius error < 1e-2 and zero elements with |y - r| > 0.01 |r| + 1e-3, where r
+is SiLU(x @ Wg) * (x @ Wu) computed in fp32 from the same bf16 inputs.
+
+Set JAX_SWIGLU_GPU_REPORT=path.jsonl to record every case's numbers.
+"""
+
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_swiglu
+from jax_swiglu import QWEN25_MLPS, pack_weights, swiglu
+
+from conftest import random_weights, random_x
+
+
+def _gpu_skip_reason():
+    if not jax_swiglu.kernels_available():
+        return jax_swiglu.unavailable_reason()
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:
+        return "no CUDA GPU visible to JAX"
+    capability = str(getattr(devices[0], "compute_capability", "?"))
+    if capability not in ("9.0", "90"):
+        return f"the kernels need an SM90 GPU; found compute capability {capability}"
+    return None
+
+
+_SKIP = _gpu_skip_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_SKIP is not None, reason=f"GPU test: {_SKIP}")]
+
+FUSED_KERNELS = [k for k in jax_swiglu.KERNELS if k != "xla"]
+M_VALUES = [1, 7, 64, 128, 1000, 2048, 8192]
+
+
+@functools.cache
+def _fused(kernel):
+    # The NaN-filled first argument is donated and aliased to the output, so the kernel
+    # writes into poisoned memory and any element it skips stays NaN.
+    return jax.jit(lambda poison, x, packed: swiglu(x, packed, kernel=kernel), donate_argnums=0)
+
+
+@jax.jit
+def _reference_f32(x, w_gate, w_up):
+    f32 = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
+    x = x.astype(jnp.float32)
+    return jax.nn.silu(f32(x, w_gate.astype(jnp.float32))) * f32(x, w_up.astype(jnp.float32))
+
+
+@jax.jit
+def _errors(y, r):
+    y = y.astype(jnp.float32)
+    diff = jnp.abs(y - r)
+    ok = diff <= 0.01 * jnp.abs(r) + 1e-3  # False for NaN: unwritten elements count
+    rel_fro = jnp.linalg.norm(jnp.nan_to_num(y - r, nan=jnp.inf)) / jnp.linalg.norm(r)
+    return jnp.sum(~ok), rel_fro, jnp.max(jnp.where(jnp.isnan(diff), jnp.inf, diff))
+
+
+def _record(**row):
+    path = os.environ.get("JAX_SWIGLU_GPU_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def check_kernel(kernel, m, k, n, key, dtype=jnp.bfloat16):
+    kx, kw = jax.random.split(key)
+    w_gate, w_up = random_weights(kw, k, n, dtype)
+    packed = pack_weights(w_gate, w_up)
+    x = random_x(kx, (m, k), dtype)
+    poison = jnp.full((m, n), jnp.nan, dtype)
+    y = _fused(kernel)(poison, x, packed)
+    mismatches, rel_fro, max_abs = (float(v) for v in _errors(y, _reference_f32(x, w_gate, w_up)))
+    _record(kernel=kernel, m=m, k=k, n=n, dtype=jnp.dtype(dtype).name,
+            mismatches=int(mismatches), rel_fro=rel_fro, max_abs_err=max_abs,
+            choice=jax_swiglu.explain(x, packed, kernel=kernel))
+    assert mismatches == 0, f"{int(mismatches)} elements off (rel_fro={rel_fro:.3g})"
+    assert rel_fro < 1e-2
+
+
+@pytest.mark.parametrize("kernel", FUSED_KERNELS)
+@pytest.mark.parametrize("model", list(QWEN25_MLPS))
+@pytest.mark.parametrize("m", M_VALUES)
+def test_qwen_shapes(kernel, model, m, key):
+    k, n = QWEN25_MLPS[model]
+    check_kernel(kernel, m, k, n, key)
+
+
+@pytest.mark.parametrize("kernel", FUSED_KERNELS)
+@pytest.mark.parametrize("m, k, n", [(1, 64, 8), (63, 136, 200), (129, 512, 1000), (300, 2048, 72)])
+def test_odd_shapes(kernel, m, k, n, key):
+    """Partial tiles in M, N below one tile, N not a multiple of the gate/up block."""
+    check_kernel(kernel, m, k, n, key)
+
+
+@pytest.mark.parametrize("kernel", FUSED_KERNELS)
+@pytest.mark.parametrize("m", [7, 2048])
+def test_float16(kernel, m, key):
+    check_kernel(kernel, m, 1536, 8960, key, dtype=jnp.float16)
+
+
+@pytest.mark.parametrize("kernel", FUSED_KERNELS)
+def test_output_is_written_in_place(kernel, key):
+    """The poisoning works: the donated NaN buffer is the custom call's output buffer."""
+    packed = pack_weights(*random_weights(key, 256, 512))
+    args = (jnp.full((100, 512), jnp.nan, jnp.bfloat16), jnp.ones((100, 256), jnp.bfloat16), packed)
+    compiled = _fused(kernel).lower(*args).compile().as_text()
+    assert "input_output_alias" in compiled
+    root = [line for line in compiled.splitlines() if line.strip().startswith("ROOT")]
+    assert any("custom-call" in line and "jax_swiglu_" in line for line in root), root
+
+
+def test_shape_errors_come_back_as_python_errors():
+    """A malformed call reaching the handler is an error value, not a crash."""
+    target = jax_swiglu._selection.choose(8, 64, 64, jnp.bfloat16).target
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((8, 64), jnp.bfloat16))
+    x = jnp.ones((8, 64), jnp.bfloat16)
+    bad_packed = jnp.ones((32, 128), jnp.bfloat16)  # K mismatch
+    with pytest.raises(Exception, match="inconsistent shapes"):
+        jax.block_until_ready(jax.jit(lambda x, w: call(x, w, config=np.int64(0)))(x, bad_packed))
+    with pytest.raises(Exception, match="unknown interleaved kernel config"):
+        jax.block_until_ready(jax.jit(lambda x, w: call(x, w, config=np.int64(99)))(
+            x, jnp.ones((64, 128), jnp.bfloat16)))

@@ -1,0 +1,100 @@
+"""The packed gate/up layout: round trips, the exact column mapping, and bad weights."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_swiglu
+from jax_swiglu import GATE_UP_BLOCK, PackedWeights, pack_weights, unpack_weights
+
+from conftest import random_weights
+
+
+@pytest.mark.parametrize("n", [8, 64, 200, 4864])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_round_trip(key, n, dtype):
+    w_gate, w_up = random_weights(key, 32, n, dtype)
+    packed = pack_weights(w_gate, w_up)
+    assert packed.n == n and packed.k == 32 and packed.dtype == dtype
+    assert packed.data.shape == (32, 2 * (-(-n // GATE_UP_BLOCK) * GATE_UP_BLOCK))
+    gate, up = unpack_weights(packed)
+    np.testing.assert_array_equal(np.asarray(gate), np.asarray(w_gate))
+    np.testing.assert_array_equal(np.asarray(up), np.asarray(w_up))
+
+
+def test_column_mapping(key):
+    """packed[:, 128b + j] is gate column 64b + j; packed[:, 128b + 64 + j] is up's."""
+    n = 200
+    w_gate, w_up = random_weights(key, 16, n)
+    data = np.asarray(pack_weights(w_gate, w_up).data)
+    for col in range(n):
+        b, j = divmod(col, GATE_UP_BLOCK)
+        np.testing.assert_array_equal(data[:, 128 * b + j], np.asarray(w_gate)[:, col])
+        np.testing.assert_array_equal(data[:, 128 * b + 64 + j], np.asarray(w_up)[:, col])
+    # Padding columns (n..255 of each half) are zero.
+    pairs = data.reshape(16, -1, 2, GATE_UP_BLOCK)
+    assert not pairs[:, -1, :, n % GATE_UP_BLOCK:].any()
+
+
+def test_stacked_form_equals_separate(key):
+    w_gate, w_up = random_weights(key, 24, 72)
+    stacked = jnp.stack([w_gate, w_up], axis=1)  # [K, 2, N]
+    np.testing.assert_array_equal(pack_weights(stacked).data, pack_weights(w_gate, w_up).data)
+
+
+def test_dtype_cast(key):
+    w_gate, w_up = random_weights(key, 16, 64, jnp.float32)
+    packed = pack_weights(w_gate, w_up, dtype=jnp.bfloat16)
+    assert packed.dtype == jnp.bfloat16
+
+
+def test_packed_is_a_pytree(key):
+    packed = pack_weights(*random_weights(key, 16, 64))
+    leaves, tree = jax.tree_util.tree_flatten(packed)
+    assert len(leaves) == 1 and leaves[0] is packed.data
+    again = jax.tree_util.tree_unflatten(tree, leaves)
+    assert again.n == packed.n and again.layout == packed.layout
+    # Passes through jit with its metadata intact.
+    out = jax.jit(lambda p: p)(packed)
+    assert isinstance(out, PackedWeights) and out.n == 64
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        (((16, 64), (16, 72)), ValueError, "same shape"),
+        (((16, 64, 1), (16, 64, 1)), ValueError, r"must be \[K, N\]"),
+        (((12, 64), (12, 64)), ValueError, "multiples of 8"),
+        (((16, 60), (16, 60)), ValueError, "multiples of 8"),
+        (((0, 64), (0, 64)), ValueError, "positive"),
+    ],
+)
+def test_bad_shapes(args, error, match):
+    (gate_shape, up_shape) = args
+    with pytest.raises(error, match=match):
+        pack_weights(jnp.zeros(gate_shape, jnp.bfloat16), jnp.zeros(up_shape, jnp.bfloat16))
+
+
+def test_bad_stacked_form():
+    with pytest.raises(ValueError, match=r"stacked \[K, 2, N\]"):
+        pack_weights(jnp.zeros((16, 3, 64), jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"stacked \[K, 2, N\]"):
+        pack_weights(jnp.zeros((16, 64), jnp.bfloat16))
+
+
+def test_bad_dtypes():
+    with pytest.raises(TypeError, match="floating-point"):
+        pack_weights(jnp.zeros((16, 64), jnp.int32), jnp.zeros((16, 64), jnp.int32))
+    with pytest.raises(TypeError, match="different dtypes"):
+        pack_weights(jnp.zeros((16, 64), jnp.bfloat16), jnp.zeros((16, 64), jnp.float16))
+
+
+def test_tampered_packed_weights_are_refused(key):
+    packed = pack_weights(*random_weights(key, 16, 64))
+    with pytest.raises(ValueError, match="not built by jax_swiglu.pack_weights"):
+        PackedWeights(packed.data[:, :64], packed.n).validate()
+    with pytest.raises(ValueError, match="layout"):
+        PackedWeights(packed.data, packed.n, layout="even_odd").validate()
+    with pytest.raises(TypeError, match="PackedWeights"):
+        unpack_weights(packed.data)

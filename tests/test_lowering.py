@@ -1,0 +1,126 @@
+"""Lowering for CUDA on any machine: the custom call, its target name and the kernel choice.
+
+``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`` needs no GPU, so these run on
+CI. They need the compiled extension (which defines the targets).
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_swiglu
+from jax_swiglu import _selection, pack_weights, swiglu
+
+from conftest import random_weights, requires_kernels
+
+pytestmark = requires_kernels
+
+
+def cuda_hlo(fn, *args):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def custom_calls(hlo: str):
+    """[(target, config)] of every jax_swiglu custom call in the StableHLO text."""
+    calls = re.findall(r"stablehlo.custom_call @(jax_swiglu_\w+)\(.*?config = (\d+)", hlo)
+    return [(target, int(config)) for target, config in calls]
+
+
+def _packed(k=64, n=128, dtype=jnp.bfloat16):
+    return pack_weights(*random_weights(jax.random.key(0), k, n, dtype))
+
+
+def _x(m, k=64, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct((m, k), dtype)
+
+
+def _expected(m, kernel="auto"):
+    """(target, config) the selection table itself says for M, bf16."""
+    choice = _selection.choose(m, 128, 64, jnp.bfloat16, kernel=kernel)
+    return choice.target, choice.config.id
+
+
+@pytest.mark.parametrize("m", [1, 7, 64, 65, 128, 1000, 8192])
+def test_custom_call_follows_the_selection_table(m):
+    hlo = cuda_hlo(swiglu, _x(m), _packed())
+    assert custom_calls(hlo) == [_expected(m)]
+    assert "jax_swiglu_interleaved_bf16" in hlo
+
+
+def test_small_and_large_m_use_different_tiles():
+    small = custom_calls(cuda_hlo(swiglu, _x(16), _packed()))
+    large = custom_calls(cuda_hlo(swiglu, _x(4096), _packed()))
+    configs = jax_swiglu.kernel_configs()["interleaved"]
+    assert configs[small[0][1]].tile_m < configs[large[0][1]].tile_m
+
+
+def test_float16_target():
+    hlo = cuda_hlo(swiglu, _x(32, dtype=jnp.float16), _packed(dtype=jnp.float16))
+    assert [t for t, _ in custom_calls(hlo)] == ["jax_swiglu_interleaved_f16"]
+
+
+def _set_kernel_env(monkeypatch, value):
+    # The variable is read when a function is lowered; JAX caches lowerings, so a change
+    # takes effect for functions lowered afterwards (or after jax.clear_caches()).
+    monkeypatch.setenv(_selection.ENV_VAR, value)
+    jax.clear_caches()
+
+
+def test_forced_xla_has_no_custom_call(monkeypatch):
+    hlo = cuda_hlo(lambda x, p: swiglu(x, p, kernel="xla"), _x(32), _packed())
+    assert custom_calls(hlo) == [] and "stablehlo.dot_general" in hlo
+    _set_kernel_env(monkeypatch, "xla")
+    assert custom_calls(cuda_hlo(swiglu, _x(32), _packed())) == []
+    # The argument wins over the environment.
+    hlo = cuda_hlo(lambda x, p: swiglu(x, p, kernel="interleaved"), _x(32), _packed())
+    assert custom_calls(hlo) == [_expected(32, "interleaved")]
+
+
+def test_forced_kernel_by_argument_and_environment(monkeypatch):
+    hlo = cuda_hlo(lambda x, p: swiglu(x, p, kernel="interleaved"), _x(32), _packed())
+    assert custom_calls(hlo) == [_expected(32)]
+    _set_kernel_env(monkeypatch, "interleaved")
+    assert custom_calls(cuda_hlo(swiglu, _x(32), _packed())) == [_expected(32)]
+    _set_kernel_env(monkeypatch, "nonsense")
+    with pytest.raises(ValueError, match=_selection.ENV_VAR):
+        cuda_hlo(swiglu, _x(32), _packed())
+
+
+def test_vmap_lowers_to_one_call_on_folded_m():
+    packed = _packed()
+    fn = jax.vmap(swiglu, in_axes=(0, None))
+    hlo = cuda_hlo(fn, jax.ShapeDtypeStruct((8, 512, 64), jnp.bfloat16), packed)
+    assert custom_calls(hlo) == [_expected(8 * 512)]
+    assert "tensor<4096x64xbf16>" in hlo
+
+
+def test_fused_mlp_lowers_to_custom_call_and_dot():
+    packed = _packed()
+    w_down = jax.ShapeDtypeStruct((128, 64), jnp.bfloat16)
+    hlo = cuda_hlo(jax_swiglu.fused_mlp, _x(256), packed, w_down)
+    assert custom_calls(hlo) == [_expected(256)]
+    assert "stablehlo.dot_general" in hlo
+
+
+def test_cpu_lowering_is_the_reference():
+    hlo = jax.jit(swiglu).trace(_x(32), _packed()).lower(lowering_platforms=("cpu",)).as_text()
+    assert custom_calls(hlo) == [] and "stablehlo.dot_general" in hlo
+
+
+def test_explain_names_the_kernel_and_tiles():
+    text = jax_swiglu.explain(_x(4096), _packed(), platform="cuda")
+    target, config = _expected(4096)
+    assert target in text
+    assert jax_swiglu.kernel_configs()["interleaved"][config].describe() in text
+
+
+def test_config_table_is_exposed():
+    configs = jax_swiglu.kernel_configs()["interleaved"]
+    assert set(configs) == set(range(len(configs)))
+    for config in configs.values():
+        assert config.tile_n % (2 * jax_swiglu.GATE_UP_BLOCK) == 0
+    for rule in _selection.SELECTION_TABLE:
+        if rule.kernel != "xla":
+            assert rule.config in jax_swiglu.kernel_configs()[rule.kernel]
