@@ -113,6 +113,13 @@ def _make_sets(key, m, k, n, count):
     return sets
 
 
+def make_rotation(key, m, k, n):
+    """Enough distinct (x, weights) sets that one pass over them overflows the L2."""
+    bytes_per_set = 2 * (m * k + 2 * k * n + m * n)
+    count = max(1, min(MAX_SETS, math.ceil(ROTATION_BYTES / bytes_per_set)))
+    return _make_sets(key, m, k, n, count)
+
+
 def _check(sets, fn):
     """Max relative error of fn against the reference on the first set (guards timings)."""
     x, w = sets[0]
@@ -123,9 +130,8 @@ def _check(sets, fn):
 
 def bench_one(model, m, iterations, key):
     k, n = QWEN25_MLPS[model]
-    bytes_per_set = 2 * (m * k + 2 * k * n + m * n)
-    count = max(1, min(MAX_SETS, math.ceil(ROTATION_BYTES / bytes_per_set)))
-    sets = _make_sets(key, m, k, n, count)
+    sets = make_rotation(key, m, k, n)
+    count = len(sets)
     xs = [s[0] for s in sets]
     ws = [s[1] for s in sets]
     row = {"model": model, "m": m, "k": k, "n": n, "rotation_sets": count,

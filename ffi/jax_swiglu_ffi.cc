@@ -28,11 +28,11 @@ using ElementTagFor = std::conditional_t<T == ffi::DataType::BF16, BF16, F16>;
 // config id -> instantiation. Generated from the one config table.
 template <class ElementTag>
 std::string DispatchInterleaved(int64_t config, const SwigluProblem& problem,
-                                cudaStream_t stream) {
+                                const DeviceFacts& device, cudaStream_t stream) {
   switch (config) {
 #define JAX_SWIGLU_DISPATCH_ROW(id, ...) \
   case id:                               \
-    return LaunchInterleaved<id, ElementTag>(problem, stream);
+    return LaunchInterleaved<id, ElementTag>(problem, device, stream);
     JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_DISPATCH_ROW)
 #undef JAX_SWIGLU_DISPATCH_ROW
     default:
@@ -71,11 +71,12 @@ ffi::Error DescribeProblem(const Buffer& x, const Buffer& packed, const Buffer& 
   return ffi::Error::Success();
 }
 
-ffi::Error CheckDevice() {
-  DeviceFacts facts;
-  if (std::string err = CurrentDeviceFacts(&facts); !err.empty()) {
+// The current device, which must be an SM90 GPU.
+ffi::Error CheckDevice(DeviceFacts* device) {
+  if (std::string err = CurrentDeviceFacts(device); !err.empty()) {
     return ffi::Error::Internal("jax_swiglu: " + err);
   }
+  const DeviceFacts& facts = *device;
   if (facts.cc_major != 9 || facts.cc_minor != 0) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jax_swiglu: the fused kernels need an SM90 (Hopper) GPU; device " +
@@ -91,8 +92,9 @@ ffi::Error SwigluInterleaved(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<
   SwigluProblem problem;
   if (ffi::Error err = DescribeProblem(x, packed, *out, &problem); err.failure()) return err;
   if (problem.m == 0) return ffi::Error::Success();  // nothing to write
-  if (ffi::Error err = CheckDevice(); err.failure()) return err;
-  std::string err = DispatchInterleaved<ElementTagFor<T>>(config, problem, stream);
+  DeviceFacts device;
+  if (ffi::Error err = CheckDevice(&device); err.failure()) return err;
+  std::string err = DispatchInterleaved<ElementTagFor<T>>(config, problem, device, stream);
   if (!err.empty()) return ffi::Error::Internal("jax_swiglu: " + err);
   return ffi::Error::Success();
 }

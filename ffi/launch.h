@@ -25,12 +25,6 @@ struct SwigluProblem {
   int64_t k;
 };
 
-// Launches one configuration of the interleaved kernel on `stream`. Returns an empty
-// string on success, otherwise a message that says what was wrong. Never synchronizes
-// and never allocates, so it is safe inside CUDA graph capture.
-template <int ConfigId, class Element>
-std::string LaunchInterleaved(const SwigluProblem& problem, cudaStream_t stream);
-
 // Per-device facts the launchers need, read once per device and cached.
 struct DeviceFacts {
   int device;
@@ -38,6 +32,13 @@ struct DeviceFacts {
   int cc_major;
   int cc_minor;
 };
+
+// Launches one configuration of the interleaved kernel on `stream` (on `device`).
+// Returns an empty string on success, otherwise a message that says what was wrong.
+// Never synchronizes and never allocates, so it is safe inside CUDA graph capture.
+template <int ConfigId, class Element>
+std::string LaunchInterleaved(const SwigluProblem& problem, const DeviceFacts& device,
+                              cudaStream_t stream);
 // Fills `facts` for the current device; returns an error message or "".
 std::string CurrentDeviceFacts(DeviceFacts* facts);
 

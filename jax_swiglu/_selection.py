@@ -20,6 +20,9 @@ from . import _native
 KERNELS = ("interleaved", "xla")
 KERNEL_CHOICES = ("auto",) + KERNELS
 ENV_VAR = "JAX_SWIGLU_KERNEL"
+# Tuning knob: forces the tile config (an id of kernel_configs()) of the fused kernel
+# chosen. The benchmarks use it to measure every config; not meant for production.
+CONFIG_ENV_VAR = "JAX_SWIGLU_CONFIG"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,5 +148,13 @@ def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto",
     target = _native.targets().get((kernel_name, jax.numpy.dtype(dtype).name))
     if target is None:
         raise TypeError(f"the {kernel_name} kernel is not built for dtype {dtype}")
-    config = _native.kernel_configs()[kernel_name][config_id]
-    return Choice(kernel_name, config, target, reason)
+    configs = _native.kernel_configs()[kernel_name]
+    forced_config = os.environ.get(CONFIG_ENV_VAR, "").strip()
+    if forced_config:
+        if not forced_config.isdigit() or int(forced_config) not in configs:
+            raise ValueError(
+                f"{CONFIG_ENV_VAR}={forced_config!r}: the {kernel_name} kernel has configs "
+                f"{sorted(configs)}")
+        config_id = int(forced_config)
+        reason += f", {CONFIG_ENV_VAR}={config_id}"
+    return Choice(kernel_name, configs[config_id], target, reason)

@@ -5,9 +5,10 @@
 #   2. builds jax_swiglu against this machine's own jaxlib (no build isolation),
 #      printing ptxas's register/spill report,
 #   3. runs the whole test suite (the GPU tests included) and
-#   4. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite).
+#   4. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite),
+#   5. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS).
 # Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
-# gpu_report.jsonl (per-case errors) and the benchmark's JSON + markdown.
+# gpu_report.jsonl (per-case errors), the benchmark's JSON + markdown, calibration.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
@@ -43,7 +44,9 @@ grep -E "Compiling entry function|spill stores|Used [0-9]+ registers" "$OUT/buil
 
 echo "== tests" | tee -a "$SUMMARY"
 rm -f "$OUT/gpu_report.jsonl"
-JAX_SWIGLU_GPU_REPORT="$OUT/gpu_report.jsonl" "$PY" -m pytest -q -rs tests 2>&1 \
+# XLA's GEMM autotuning only slows the fp32 references down here; the kernels don't use it.
+XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
+JAX_SWIGLU_GPU_REPORT="$OUT/gpu_report.jsonl" "$PY" -m pytest -q -rs --durations=8 tests 2>&1 \
   | tee "$OUT/pytest.log" | tail -5
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 tail -3 "$OUT/pytest.log" >> "$SUMMARY"
@@ -61,6 +64,14 @@ echo "== benchmark" | tee -a "$SUMMARY"
 "$PY" benchmarks/bench_swiglu.py ${BENCH_ARGS---quick} --out-dir "$OUT" 2>&1 | tail -25 \
   | tee -a "$SUMMARY"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+if [ "${CALIBRATE:-0}" = 1 ]; then
+  echo "== calibration" | tee -a "$SUMMARY"
+  # shellcheck disable=SC2086
+  "$PY" benchmarks/calibrate.py ${CALIBRATE_ARGS:-} --out "$OUT/calibration.json" 2>&1 | tail -40 \
+    | tee -a "$SUMMARY"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
 echo "== done, status $status" | tee -a "$SUMMARY"
 exit $status

@@ -46,8 +46,10 @@ M_VALUES = [1, 7, 64, 128, 1000, 2048, 8192]
 @functools.cache
 def _fused(kernel):
     # The NaN-filled first argument is donated and aliased to the output, so the kernel
-    # writes into poisoned memory and any element it skips stays NaN.
-    return jax.jit(lambda poison, x, packed: swiglu(x, packed, kernel=kernel), donate_argnums=0)
+    # writes into poisoned memory and any element it skips stays NaN. keep_unused: an
+    # unused argument would otherwise be pruned, donation and all.
+    return jax.jit(lambda poison, x, packed: swiglu(x, packed, kernel=kernel),
+                   donate_argnums=0, keep_unused=True)
 
 
 @jax.jit
@@ -115,9 +117,13 @@ def test_output_is_written_in_place(kernel, key):
     packed = pack_weights(*random_weights(key, 256, 512))
     args = (jnp.full((100, 512), jnp.nan, jnp.bfloat16), jnp.ones((100, 256), jnp.bfloat16), packed)
     compiled = _fused(kernel).lower(*args).compile().as_text()
-    assert "input_output_alias" in compiled
-    root = [line for line in compiled.splitlines() if line.strip().startswith("ROOT")]
-    assert any("custom-call" in line and "jax_swiglu_" in line for line in root), root
+    assert "input_output_alias={ {}: (0, {}, " in compiled, compiled[:400]
+    entry = compiled[compiled.index("ENTRY"):]
+    root = [line for line in entry.splitlines() if line.strip().startswith("ROOT")][0]
+    assert "custom-call" in root and "jax_swiglu_" in root, root
+    # ... and the kernel overwrites all of it.
+    y = _fused(kernel)(*args)
+    assert not bool(jnp.isnan(y).any())
 
 
 def test_shape_errors_come_back_as_python_errors():

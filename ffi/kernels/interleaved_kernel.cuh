@@ -90,15 +90,13 @@ cudaError_t EnsureSharedMemoryLimit(int device) {
 }
 
 template <int ConfigId, class ElementTag>
-std::string LaunchInterleaved(const SwigluProblem& p, cudaStream_t stream) {
+std::string LaunchInterleaved(const SwigluProblem& p, const DeviceFacts& facts,
+                              cudaStream_t stream) {
   using Assembly = InterleavedKernel<ConfigId, ElementTag>;
   using Kernel = typename Assembly::Kernel;
   using Element = typename Assembly::Element;
   using StrideA = typename Kernel::StrideA;
   using StrideB = typename Kernel::StrideB;
-
-  DeviceFacts facts;
-  if (std::string err = CurrentDeviceFacts(&facts); !err.empty()) return err;
 
   const int m = static_cast<int>(p.m);
   const int packed_cols = static_cast<int>(2 * p.n_packed);

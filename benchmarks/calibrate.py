@@ -1,0 +1,87 @@
+"""Measure every compiled (kernel, tile config) on the Qwen2.5 shapes, to derive the selection table.
+
+    python benchmarks/calibrate.py                       # all shapes, M in 128 512 2048 8192
+    python benchmarks/calibrate.py --m 1 128 2048 --out calib.json
+
+For each (model, M) it times, side by side on the same rotated inputs, the XLA reference
+and every config of every fused kernel (forced through JAX_SWIGLU_KERNEL/JAX_SWIGLU_CONFIG),
+then prints the fastest per (model, M) and, per M, the config that wins most often.
+The table in jax_swiglu/_selection.py is written from this output by hand, with the run
+cited there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+
+import jax
+
+sys.path.insert(0, os.path.dirname(__file__))
+import bench_swiglu  # noqa: E402  (same folder)
+
+import jax_swiglu  # noqa: E402
+from jax_swiglu import QWEN25_MLPS, _selection  # noqa: E402
+
+
+def _timed(variant, xs, ws, iterations):
+    jax.clear_caches()  # the forcing variables are read when a function is lowered
+    fn = jax.jit(lambda xs, ws: [variant(x, w) for x, w in zip(xs, ws)])
+    return bench_swiglu._measure_gpu_ms(fn, (xs, ws), iterations) * 1e3 / len(xs)
+
+
+def calibrate(model, m, iterations, key):
+    k, n = QWEN25_MLPS[model]
+    sets = bench_swiglu.make_rotation(key, m, k, n)
+    xs, ws = [s[0] for s in sets], [s[1] for s in sets]
+    times = {"xla": _timed(bench_swiglu.xla_separate, xs, ws, iterations)}
+    for kernel, configs in jax_swiglu.kernel_configs().items():
+        for config in configs.values():
+            os.environ[_selection.ENV_VAR] = kernel
+            os.environ[_selection.CONFIG_ENV_VAR] = str(config.id)
+            try:
+                times[f"{kernel}:{config.id}"] = _timed(
+                    bench_swiglu.fused("auto"), xs, ws, iterations)
+            finally:
+                del os.environ[_selection.ENV_VAR], os.environ[_selection.CONFIG_ENV_VAR]
+    return {"model": model, "m": m, "k": k, "n": n, "gpu_us": times}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=list(QWEN25_MLPS))
+    parser.add_argument("--m", nargs="*", type=int, default=[128, 512, 2048, 8192])
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--out", default="calibration.json")
+    args = parser.parse_args(argv)
+
+    rows = []
+    key = jax.random.key(0)
+    configs = [(model, m) for m in args.m for model in args.models]
+    for i, (model, m) in enumerate(configs):
+        row = calibrate(model, m, args.iterations, jax.random.fold_in(key, i))
+        rows.append(row)
+        fused = {name: t for name, t in row["gpu_us"].items() if name != "xla"}
+        best = min(fused, key=fused.get)
+        print(f"[{i + 1}/{len(configs)}] {model} M={m}: xla {row['gpu_us']['xla']:.1f} us; "
+              + ", ".join(f"{name} {t:.1f}" for name, t in fused.items())
+              + f" -> best {best} ({row['gpu_us']['xla'] / fused[best]:.2f}x xla)", flush=True)
+
+    wins = collections.defaultdict(collections.Counter)
+    for row in rows:
+        fused = {name: t for name, t in row["gpu_us"].items() if name != "xla"}
+        wins[row["m"]][min(fused, key=fused.get)] += 1
+    print("\nwinner counts per M:")
+    for m in sorted(wins):
+        print(f"  M={m}: {dict(wins[m])}")
+    env = bench_swiglu.environment()
+    with open(args.out, "w") as f:
+        json.dump({"environment": env, "rows": rows}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
