@@ -59,11 +59,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     rows = []
+    env = bench_swiglu.environment()
     key = jax.random.key(0)
     configs = [(model, m) for m in args.m for model in args.models]
     for i, (model, m) in enumerate(configs):
         row = calibrate(model, m, args.iterations, jax.random.fold_in(key, i))
         rows.append(row)
+        with open(args.out, "w") as f:  # after every row: a cut-short run keeps its data
+            json.dump({"environment": env, "rows": rows}, f, indent=1)
         fused = {name: t for name, t in row["gpu_us"].items() if name != "xla"}
         best = min(fused, key=fused.get)
         print(f"[{i + 1}/{len(configs)}] {model} M={m}: xla {row['gpu_us']['xla']:.1f} us; "
@@ -77,9 +80,6 @@ def main(argv=None):
     print("\nwinner counts per M:")
     for m in sorted(wins):
         print(f"  M={m}: {dict(wins[m])}")
-    env = bench_swiglu.environment()
-    with open(args.out, "w") as f:
-        json.dump({"environment": env, "rows": rows}, f, indent=1)
     print(f"wrote {args.out}")
 
 

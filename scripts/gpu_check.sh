@@ -5,7 +5,8 @@
 #   2. builds jax_swiglu against this machine's own jaxlib (no build isolation),
 #      printing ptxas's register/spill report,
 #   3. runs the whole test suite (the GPU tests included) and
-#   4. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite),
+#   4. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite;
+#      BENCH=0 skips it),
 #   5. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS).
 # Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
 # gpu_report.jsonl (per-case errors), the benchmark's JSON + markdown, calibration.json.
@@ -59,11 +60,13 @@ if rows:
           f"max rel_fro {max(r['rel_fro'] for r in rows):.3e}")
 PYEOF
 
-echo "== benchmark" | tee -a "$SUMMARY"
-# shellcheck disable=SC2086
-"$PY" benchmarks/bench_swiglu.py ${BENCH_ARGS---quick} --out-dir "$OUT" 2>&1 | tail -25 \
-  | tee -a "$SUMMARY"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ "${BENCH:-1}" = 1 ]; then
+  echo "== benchmark" | tee -a "$SUMMARY"
+  # shellcheck disable=SC2086
+  "$PY" benchmarks/bench_swiglu.py ${BENCH_ARGS---quick} --out-dir "$OUT" 2>&1 | tail -25 \
+    | tee -a "$SUMMARY"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
 if [ "${CALIBRATE:-0}" = 1 ]; then
   echo "== calibration" | tee -a "$SUMMARY"
