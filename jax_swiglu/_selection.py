@@ -27,22 +27,44 @@ CONFIG_ENV_VAR = "JAX_SWIGLU_CONFIG"
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """Use ``kernel`` with tile config ``config`` when M <= ``max_m`` (None: any M)."""
+    """Use ``kernel`` with tile config ``config`` when M <= ``max_m`` and ``min_n`` < N <= ``max_n``.
+
+    ``None`` bounds are open.
+    """
 
     max_m: int | None
     kernel: str
     config: int | None
     why: str
+    min_n: int = 0
+    max_n: int | None = None
+
+    def admits(self, m: int, n: int) -> bool:
+        return ((self.max_m is None or m <= self.max_m) and n > self.min_n
+                and (self.max_n is None or n <= self.max_n))
 
 
-# Rows are tried in order; the first whose max_m admits M wins.
-# Provenance: initial rows from the tile shapes alone (64-row tiles waste less of a
-# partial tile at decode sizes); not yet calibrated on the GPU.
+_SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below refer to
+
+# Rows are tried in order; the first that admits (M, N) wins. Derived from the run in
+# benchmarks/results/NVIDIA_H200/2026-11-29-calibration.md (every config on the 7
+# Qwen2.5 MLPs at M = 128, 512, 2048, 8192). Config ids: ffi/kernel_configs.h.
 SELECTION_TABLE: tuple[Rule, ...] = (
-    Rule(64, "interleaved", 1,
-         "M <= 64: one 64-row pingpong tile covers all tokens, half the idle rows of a 128-row tile"),
+    Rule(128, "interleaved", 3,
+         "M <= 128, N <= 6144: 128x128 tiles give twice the CTAs of 128x256 on a small N "
+         "(0.5B: 9.2 vs 13.7 us)", max_n=6144),
+    Rule(128, "interleaved", 3,
+         "M <= 128, N/128 tiles of 128x256 would be 1 to 1.5 waves: 128x128 tiles balance "
+         "the waves (7B: 82 vs 98 us)", min_n=_SMS * 128, max_n=_SMS * 192),
+    Rule(128, "interleaved", 2,
+         "M <= 128: one 128-row tile, 128x256 tiles, no cluster (a 2x1 cluster would idle "
+         "half its CTAs on the empty second row of tiles)"),
+    Rule(512, "interleaved", 3,
+         "M <= 512, N <= 9216: 128x128 tiles for enough CTAs on a small N (1.5B: 50 vs 53 us)",
+         max_n=9216),
     Rule(None, "interleaved", 0,
-         "M > 64: 128x256 cooperative tiles with a 2x1 cluster sharing weight tiles"),
+         "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest on every shape "
+         "at M >= 2048)"),
 )
 
 
@@ -95,11 +117,11 @@ def local_gpu_is_sm90() -> bool | None:
     return str(capability) in ("9.0", "90")
 
 
-def _lookup(m: int, kernel: str | None = None) -> Rule | None:
-    """The first row admitting M (among ``kernel``'s rows, if given; else its last)."""
+def _lookup(m: int, n: int, kernel: str | None = None) -> Rule | None:
+    """The first row admitting (M, N) (among ``kernel``'s rows, if given; else its last)."""
     rows = [rule for rule in SELECTION_TABLE if kernel is None or rule.kernel == kernel]
     for rule in rows:
-        if rule.max_m is None or m <= rule.max_m:
+        if rule.admits(m, n):
             return rule
     return rows[-1] if rows else None
 
@@ -111,7 +133,7 @@ def _xla(reason: str) -> Choice:
 def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto",
            platform: str = "cuda") -> Choice:
     """Picks the implementation for a ``[m, k] x [k, 2n]`` call of ``dtype`` on ``platform``."""
-    del n, k  # the table is by M for now; the signature is what later tables need
+    del k  # no row depends on K yet
     requested, source = requested_kernel(kernel)
     if requested == "xla":
         return _xla(source)
@@ -136,10 +158,10 @@ def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto",
         return _xla("GPU is not SM90")
 
     if requested == "auto":
-        rule = _lookup(m)
+        rule = _lookup(m, n)
         kernel_name, config_id, reason = rule.kernel, rule.config, rule.why
     else:  # forced: the tile config the table uses for that kernel at this M
-        rule = _lookup(m, requested)
+        rule = _lookup(m, n, requested)
         kernel_name = requested
         config_id = rule.config if rule else min(_native.kernel_configs()[requested])
         reason = source

@@ -49,11 +49,22 @@ def test_custom_call_follows_the_selection_table(m):
     assert "jax_swiglu_interleaved_bf16" in hlo
 
 
-def test_small_and_large_m_use_different_tiles():
-    small = custom_calls(cuda_hlo(swiglu, _x(16), _packed()))
-    large = custom_calls(cuda_hlo(swiglu, _x(4096), _packed()))
-    configs = jax_swiglu.kernel_configs()["interleaved"]
-    assert configs[small[0][1]].tile_m < configs[large[0][1]].tile_m
+@pytest.mark.parametrize("m", [16, 128, 512, 4096])
+@pytest.mark.parametrize("n", [4864, 11008, 18944])
+def test_lowering_follows_the_table_in_m_and_n(m, n):
+    packed = pack_weights(*random_weights(jax.random.key(0), 64, n))
+    choice = _selection.choose(m, n, 64, jnp.bfloat16)
+    assert choice.config is not None
+    assert custom_calls(cuda_hlo(swiglu, _x(m), packed)) == [(choice.target, choice.config.id)]
+
+
+def test_table_rows_are_reachable():
+    """Every row of the table is the choice for some Qwen2.5 shape at some M."""
+    used = {
+        _selection._lookup(m, n)
+        for m in (1, 128, 512, 2048, 8192) for _, n in jax_swiglu.QWEN25_MLPS.values()
+    }
+    assert used == set(_selection.SELECTION_TABLE)
 
 
 def test_float16_target():
