@@ -33,20 +33,18 @@ def _timed(variant, xs, ws, iterations):
     return bench_swiglu._measure_gpu_ms(fn, (xs, ws), iterations) * 1e3 / len(xs)
 
 
-def calibrate(model, m, iterations, key):
+def calibrate(model, m, iterations, key, launches):
     k, n = QWEN25_MLPS[model]
     sets = bench_swiglu.make_rotation(key, m, k, n)
     xs, ws = [s[0] for s in sets], [s[1] for s in sets]
     times = {"xla": _timed(bench_swiglu.xla_separate, xs, ws, iterations)}
-    for kernel, configs in jax_swiglu.kernel_configs().items():
-        for config in configs.values():
-            os.environ[_selection.ENV_VAR] = kernel
-            os.environ[_selection.CONFIG_ENV_VAR] = str(config.id)
-            try:
-                times[f"{kernel}:{config.id}"] = _timed(
-                    bench_swiglu.fused("auto"), xs, ws, iterations)
-            finally:
-                del os.environ[_selection.ENV_VAR], os.environ[_selection.CONFIG_ENV_VAR]
+    for kernel, launch in launches:
+        os.environ[_selection.ENV_VAR] = kernel
+        os.environ[_selection.CONFIG_ENV_VAR] = launch
+        try:
+            times[f"{kernel}:{launch}"] = _timed(bench_swiglu.fused("auto"), xs, ws, iterations)
+        finally:
+            del os.environ[_selection.ENV_VAR], os.environ[_selection.CONFIG_ENV_VAR]
     return {"model": model, "m": m, "k": k, "n": n, "gpu_us": times}
 
 
@@ -56,14 +54,23 @@ def main(argv=None):
     parser.add_argument("--m", nargs="*", type=int, default=[128, 512, 2048, 8192])
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--out", default="calibration.json")
+    parser.add_argument(
+        "--launches", nargs="*", default=None,
+        help="KERNEL:LAUNCH pairs, LAUNCH as in JAX_SWIGLU_CONFIG (e.g. interleaved:0,swizzle=4);"
+             " default: every compiled config of every kernel")
     args = parser.parse_args(argv)
+    if args.launches is None:
+        launches = [(kernel, str(config)) for kernel, configs in jax_swiglu.kernel_configs().items()
+                    for config in configs]
+    else:
+        launches = [tuple(item.split(":", 1)) for item in args.launches]
 
     rows = []
     env = bench_swiglu.environment()
     key = jax.random.key(0)
     configs = [(model, m) for m in args.m for model in args.models]
     for i, (model, m) in enumerate(configs):
-        row = calibrate(model, m, args.iterations, jax.random.fold_in(key, i))
+        row = calibrate(model, m, args.iterations, jax.random.fold_in(key, i), launches)
         rows.append(row)
         with open(args.out, "w") as f:  # after every row: a cut-short run keeps its data
             json.dump({"environment": env, "rows": rows}, f, indent=1)

@@ -58,7 +58,7 @@ ffi::Error DescribeProblem(const Buffer& x, const Buffer& packed, const Buffer& 
   }
   SwigluProblem& p = *problem;
   p = SwigluProblem{x.untyped_data(), packed.untyped_data(), out.untyped_data(),
-                    xd[0], od[1], wd[1] / 2, xd[1]};
+                    xd[0], od[1], wd[1] / 2, xd[1], /*swizzle=*/1, /*raster=*/0};
   if (wd[0] != p.k || od[0] != p.m || wd[1] % (2 * kGateUpBlock) != 0 || p.n > p.n_packed ||
       p.n <= p.n_packed - kGateUpBlock) {
     return ffi::Error::InvalidArgument("jax_swiglu: inconsistent shapes x " + Dims(xd) +
@@ -88,9 +88,18 @@ ffi::Error CheckDevice(DeviceFacts* device) {
 
 template <ffi::DataType T>
 ffi::Error SwigluInterleaved(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
-                             ffi::Result<ffi::Buffer<T>> out, int64_t config) {
+                             ffi::Result<ffi::Buffer<T>> out, int64_t config, int64_t swizzle,
+                             int64_t raster) {
   SwigluProblem problem;
   if (ffi::Error err = DescribeProblem(x, packed, *out, &problem); err.failure()) return err;
+  if ((swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) || raster < 0 ||
+      raster > 2) {
+    return ffi::Error::InvalidArgument("jax_swiglu: swizzle must be 1, 2, 4 or 8 and raster "
+                                       "0, 1 or 2; got " + std::to_string(swizzle) + ", " +
+                                       std::to_string(raster));
+  }
+  problem.swizzle = static_cast<int>(swizzle);
+  problem.raster = static_cast<int>(raster);
   if (problem.m == 0) return ffi::Error::Success();  // nothing to write
   DeviceFacts device;
   if (ffi::Error err = CheckDevice(&device); err.failure()) return err;
@@ -109,7 +118,9 @@ ffi::Error SwigluInterleaved(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<
                                     .Arg<ffi::Buffer<dtype>>()                  \
                                     .Arg<ffi::Buffer<dtype>>()                  \
                                     .Ret<ffi::Buffer<dtype>>()                  \
-                                    .Attr<int64_t>("config"),                   \
+                                    .Attr<int64_t>("config")                    \
+                                    .Attr<int64_t>("swizzle")                   \
+                                    .Attr<int64_t>("raster"),                   \
                                 {ffi::Traits::kCmdBufferCompatible})
 
 JAX_SWIGLU_DEFINE_INTERLEAVED_HANDLER(JaxSwigluInterleavedBf16, ffi::DataType::BF16);

@@ -23,6 +23,11 @@ struct SwigluProblem {
   int64_t n;         // output columns, n <= n_packed
   int64_t n_packed;  // n rounded up to the gate/up block
   int64_t k;
+  // Persistent tile scheduler order, chosen per call by the Python selection table:
+  // tiles are visited in groups of `swizzle` (1, 2, 4 or 8) along the minor axis, and
+  // `raster` is 0 (CUTLASS heuristic), 1 (along M) or 2 (along N).
+  int swizzle;
+  int raster;
 };
 
 // Per-device facts the launchers need, read once per device and cached.

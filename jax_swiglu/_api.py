@@ -41,6 +41,11 @@ def swiglu(x, packed, *, kernel: str = "auto"):
     Returns:
       ``[..., N]`` in ``x.dtype``: products accumulated in fp32, SiLU and product in fp32,
       rounded once.
+
+    Sharded operands (``jax.jit`` with shardings, or the local blocks inside
+    ``jax.shard_map``): each device runs the kernel on its own block. Tokens may be sharded,
+    and N in whole gate/up pairs (``packed.data`` along its last axis); a sharded K is
+    all-gathered first.
     """
     packed = _layout.as_packed(packed, "packed")
     _check_x(x, packed)
@@ -56,7 +61,9 @@ def swiglu(x, packed, *, kernel: str = "auto"):
 def fused_mlp(x, packed, w_down, *, kernel: str = "auto"):
     """A whole SwiGLU MLP block: ``(SiLU(x @ W_gate) * (x @ W_up)) @ W_down``.
 
-    The gated part is :func:`swiglu`; the down projection is a plain XLA dot.
+    The gated part is :func:`swiglu`; the down projection is a plain XLA dot. With the
+    Megatron layout (packed weights sharded along N, ``w_down`` along its rows, the same
+    mesh axis) the only communication is one all-reduce of the ``[..., K_out]`` result.
 
     Args:
       x: ``[..., K]``.
@@ -71,14 +78,36 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto"):
             f"{tuple(getattr(w_down, 'shape', ())) or type(w_down).__name__}")
     if w_down.dtype != x.dtype:
         raise TypeError(f"w_down is {w_down.dtype} but x is {x.dtype}; they must match")
-    return jnp.matmul(swiglu(x, packed, kernel=kernel), w_down)
+    y = swiglu(x, packed, kernel=kernel)
+    return jnp.matmul(y, w_down, out_sharding=_down_projection_sharding(y, w_down))
+
+
+def _down_projection_sharding(y, w_down):
+    """The down projection's result sharding where explicit mesh axes must be told it.
+
+    Row parallel (N sharded in both ``y`` and ``w_down``): every shard holds a partial
+    product, summed by one all-reduce; the result keeps ``y``'s token sharding and
+    ``w_down``'s output sharding. None (the default rule) in every other case.
+    """
+    y_sharding, w_sharding = jax.typeof(y).sharding, jax.typeof(w_down).sharding
+    y_spec, w_spec = _padded_spec(y_sharding, y.ndim), _padded_spec(w_sharding, 2)
+    if y_spec[-1] is None or w_spec[0] is None:
+        return None
+    return jax.sharding.NamedSharding(
+        y_sharding.mesh, jax.sharding.PartitionSpec(*y_spec[:-1], w_spec[1]))
+
+
+def _padded_spec(sharding, ndim: int) -> tuple:
+    spec = tuple(sharding.spec)
+    return spec + (None,) * (ndim - len(spec))
 
 
 def explain(x, packed, *, kernel: str = "auto", platform: str | None = None) -> str:
     """Which kernel a call with these shapes would run, and why, without running it.
 
     ``x`` may be an array or a ``jax.ShapeDtypeStruct``; ``platform`` defaults to the
-    default backend.
+    default backend. Under sharding each device chooses from its own block: pass the
+    per-device ``x`` (and packed weights) to see its choice.
     """
     packed = _layout.as_packed(packed, "packed")
     _check_x(x, packed)

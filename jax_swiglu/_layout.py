@@ -20,15 +20,17 @@ Why this layout, and not the even/odd column interleave:
   output tile are whole 64-column runs, i.e. contiguous 128-byte rows, which is precisely
   one TMA box with the 128-byte swizzle. Under even/odd interleave they would be strided
   2-byte columns that no TMA box can fetch.
-* Sharding: a shard of ``N`` that is a multiple of 64 owns whole gate/up pairs, so the
-  packed matrix shards along its last axis in blocks of 128 packed columns.
+* Sharding: a contiguous run of whole gate/up pairs (128 packed columns each) is itself a
+  packed matrix, for its 64-column run of N. So the packed matrix shards along its last
+  axis (column / tensor parallel) as long as every shard holds whole pairs and there is
+  no padding: N a multiple of ``64 * shards`` (``shard_n``). Padding exists only at the
+  global end of N, so a padded N cannot be sharded.
 
 So one packed array serves any M at run time, whichever kernel the lowering picks.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -48,25 +50,47 @@ def padded_n(n: int) -> int:
 
 
 @jax.tree_util.register_pytree_node_class
-@dataclasses.dataclass(frozen=True)
 class PackedWeights:
     """Gate and up weights in the kernels' packed layout (see module docstring).
 
     Build it once, at load time, with :func:`pack_weights`. It is a pytree whose only
-    leaf is ``data`` (``[K, 2 * N_pad]``); ``n`` and ``layout`` are static metadata, so it
-    passes through ``jax.jit``, ``vmap`` and checkpointing like an array.
+    leaf is ``data`` (``[K, 2 * N_pad]``); the rest is static metadata, so it passes
+    through ``jax.jit``, ``vmap``, ``shard_map`` and checkpointing like an array.
+
+    ``n`` is stored only when ``data`` cannot tell it: when N was padded (N not a multiple
+    of 64). Otherwise ``n`` is read off the data (``N = data.shape[-1] // 2``), so the same
+    object describes the whole matrix and any shard of it along N, such as the one
+    ``jax.shard_map`` hands to its body.
     """
 
-    data: Any  # [K, 2 * N_pad]
-    n: int
-    layout: str = LAYOUT
+    __slots__ = ("data", "_n", "layout")
+
+    def __init__(self, data: Any, n: int | None = None, layout: str = LAYOUT):
+        if n is not None and n % GATE_UP_BLOCK == 0:
+            shape = getattr(data, "shape", None)
+            if shape is None or shape[-1:] == (2 * n,):
+                n = None  # the data says it; an inconsistent n stays, for validate()
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "_n", n)
+        object.__setattr__(self, "layout", layout)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"PackedWeights is immutable; cannot set {name!r}")
+
+    def __repr__(self):
+        n = "" if self._n is None else f", n={self._n}"
+        return f"PackedWeights(data={self.data!r}{n}, layout={self.layout!r})"
 
     def tree_flatten(self):
-        return (self.data,), (self.n, self.layout)
+        return (self.data,), (self._n, self.layout)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         return cls(children[0], *aux)
+
+    @property
+    def n(self) -> int:
+        return self.data.shape[-1] // 2 if self._n is None else self._n
 
     @property
     def k(self) -> int:
@@ -87,11 +111,56 @@ class PackedWeights:
             raise ValueError(
                 f"PackedWeights uses layout {self.layout!r}, but this version of jax_swiglu "
                 f"reads {LAYOUT!r}; pack the weights again with jax_swiglu.pack_weights")
-        if len(shape) != 2 or shape[1] != 2 * padded_n(self.n) or self.n <= 0:
+        pair = 2 * GATE_UP_BLOCK
+        if self._n is None:
+            if len(shape) != 2 or shape[1] == 0 or shape[1] % pair:
+                raise ValueError(
+                    f"PackedWeights data has shape {shape}, but packed weights are "
+                    f"[K, 2 * N_pad] with whole gate/up pairs of {pair} columns; it was not "
+                    "built by jax_swiglu.pack_weights (or was modified, or split along its "
+                    "last axis into pieces that are not whole pairs)")
+        elif len(shape) != 2 or shape[1] != 2 * padded_n(self._n) or self._n <= 0:
+            hint = (
+                f"; N={self._n} was padded to a whole gate/up block, so this matrix cannot be "
+                "split along N (a shard of it, e.g. inside shard_map, is not a packed matrix)"
+                if self._n > 0 and self._n % GATE_UP_BLOCK else "")
             raise ValueError(
-                f"PackedWeights data has shape {shape}, but n={self.n} needs "
-                f"[K, {2 * padded_n(max(self.n, 1))}]; it was not built by "
-                "jax_swiglu.pack_weights (or was modified since)")
+                f"PackedWeights data has shape {shape}, but n={self._n} needs "
+                f"[K, {2 * padded_n(max(self._n, 1))}]; it was not built by "
+                f"jax_swiglu.pack_weights (or was modified since){hint}")
+
+
+def shard_n(n: int, shards: int) -> int:
+    """N of each of ``shards`` equal shards of a packed matrix split along its last axis.
+
+    A contiguous run of packed columns is a packed matrix of its own only if it holds
+    whole gate/up pairs (64 columns of N, 128 packed columns) and no padding, so N must
+    be a multiple of ``64 * shards``. Raises ValueError otherwise.
+    """
+    if shards == 1:
+        return n
+    if n % (GATE_UP_BLOCK * shards):
+        raise ValueError(
+            f"N={n} cannot be split into {shards} equal shards of whole gate/up pairs: "
+            f"sharding the packed weights along N needs N to be a multiple of "
+            f"{GATE_UP_BLOCK} * {shards} = {GATE_UP_BLOCK * shards}. Pad N (zero columns "
+            "of W_gate and W_up, zero rows of W_down) or shard N fewer ways")
+    return n // shards
+
+
+def _shards_along_n(w) -> int:
+    """Into how many equal shards the last axis of ``w`` is split, if that is known."""
+    # A concrete array knows its sharding; a traced one only through its type (explicit
+    # mesh axes); numpy arrays are unsharded.
+    concrete = isinstance(w, jax.Array) and not isinstance(w, jax.core.Tracer)
+    sharding = w.sharding if concrete else jax.typeof(w).sharding
+    n = w.shape[-1]
+    local = sharding.shard_shape(tuple(w.shape))[-1]
+    if n % local:
+        raise ValueError(
+            f"a weight of shape {tuple(w.shape)} is split unevenly along N (shards of "
+            f"{local} columns); the packed layout needs equal shards of whole gate/up pairs")
+    return n // local
 
 
 def _check_weight(name: str, w) -> None:
@@ -112,6 +181,13 @@ def pack_weights(w_gate, w_up=None, *, dtype=None) -> PackedWeights:
     Returns:
       A :class:`PackedWeights` holding ``[K, 2 * N_pad]`` with ``N_pad`` = N rounded up to
       64. Do this once when the weights are loaded, not per call.
+
+    Weights sharded along N (column parallel) give packed data sharded the same way along
+    its last axis, with no communication: each shard packs its own columns. That needs N to
+    be a multiple of ``64 * shards`` (whole gate/up pairs on every shard); anything else is
+    a ValueError, as a packing that split pairs across shards would be useless. (Inside
+    ``jax.jit`` with automatic mesh axes the sharding is not known yet and this check
+    cannot run: pack concrete arrays, at load time, or use explicit mesh axes.)
     """
     if w_up is None:
         _check_weight("w_gate", w_gate)
@@ -135,6 +211,10 @@ def pack_weights(w_gate, w_up=None, *, dtype=None) -> PackedWeights:
             "pass dtype= to cast both")
     k, n = w_gate.shape
     check_alignment(k, n)
+    for w in (w_gate, w_up):
+        # Weights split along N pack shard by shard (the packed matrix comes out split
+        # along its last axis) only if every shard holds whole gate/up pairs.
+        shard_n(n, _shards_along_n(w))
     if dtype is not None:
         w_gate, w_up = w_gate.astype(dtype), w_up.astype(dtype)
 

@@ -13,6 +13,7 @@ import os
 import warnings
 
 import jax
+import numpy as np
 
 from . import _native
 
@@ -20,9 +21,13 @@ from . import _native
 KERNELS = ("interleaved", "xla")
 KERNEL_CHOICES = ("auto",) + KERNELS
 ENV_VAR = "JAX_SWIGLU_KERNEL"
-# Tuning knob: forces the tile config (an id of kernel_configs()) of the fused kernel
-# chosen. The benchmarks use it to measure every config; not meant for production.
+# Tuning knob: forces the launch of the fused kernel chosen, as "<config id>" (an id of
+# kernel_configs()), optionally followed by ",swizzle=<1|2|4|8>" and/or
+# ",raster=<heuristic|m|n>" (the persistent scheduler's tile order). The benchmarks use it
+# to measure every variant; not meant for production.
 CONFIG_ENV_VAR = "JAX_SWIGLU_CONFIG"
+RASTER_ORDERS = {"heuristic": 0, "m": 1, "n": 2}  # FFI attribute values
+SWIZZLES = (1, 2, 4, 8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +43,8 @@ class Rule:
     why: str
     min_n: int = 0
     max_n: int | None = None
+    swizzle: int = 1  # persistent scheduler: tiles visited in groups of this size
+    raster: str = "heuristic"  # ... along "m", "n", or CUTLASS's heuristic
 
     def admits(self, m: int, n: int) -> bool:
         return ((self.max_m is None or m <= self.max_m) and n > self.min_n
@@ -76,11 +83,19 @@ class Choice:
     config: _native.KernelConfig | None  # None for "xla"
     target: str | None  # FFI target name, None for "xla"
     reason: str
+    swizzle: int = 1
+    raster: str = "heuristic"
+
+    def ffi_attributes(self) -> dict:
+        """The custom call's attributes (exactly typed, as the FFI handler binds them)."""
+        return {"config": np.int64(self.config.id), "swizzle": np.int64(self.swizzle),
+                "raster": np.int64(RASTER_ORDERS[self.raster])}
 
     def describe(self) -> str:
         if self.config is None:
             return f"xla ({self.reason})"
-        return f"{self.kernel} [{self.target}, {self.config.describe()}] ({self.reason})"
+        order = f", swizzle {self.swizzle} raster {self.raster}"
+        return f"{self.kernel} [{self.target}, {self.config.describe()}{order}] ({self.reason})"
 
 
 def check_kernel_name(kernel: str) -> None:
@@ -159,24 +174,43 @@ def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto",
 
     if requested == "auto":
         rule = _lookup(m, n)
-        kernel_name, config_id, reason = rule.kernel, rule.config, rule.why
-    else:  # forced: the tile config the table uses for that kernel at this M
+        kernel_name, reason = rule.kernel, rule.why
+    else:  # forced: the launch the table uses for that kernel at this shape
         rule = _lookup(m, n, requested)
-        kernel_name = requested
-        config_id = rule.config if rule else min(_native.kernel_configs()[requested])
-        reason = source
+        kernel_name, reason = requested, source
     if kernel_name == "xla":
         return _xla(reason)
     target = _native.targets().get((kernel_name, jax.numpy.dtype(dtype).name))
     if target is None:
         raise TypeError(f"the {kernel_name} kernel is not built for dtype {dtype}")
     configs = _native.kernel_configs()[kernel_name]
-    forced_config = os.environ.get(CONFIG_ENV_VAR, "").strip()
-    if forced_config:
-        if not forced_config.isdigit() or int(forced_config) not in configs:
-            raise ValueError(
-                f"{CONFIG_ENV_VAR}={forced_config!r}: the {kernel_name} kernel has configs "
-                f"{sorted(configs)}")
-        config_id = int(forced_config)
-        reason += f", {CONFIG_ENV_VAR}={config_id}"
-    return Choice(kernel_name, configs[config_id], target, reason)
+    launch = ({"config": rule.config, "swizzle": rule.swizzle, "raster": rule.raster} if rule
+              else {"config": min(configs), "swizzle": 1, "raster": "heuristic"})
+    forced = os.environ.get(CONFIG_ENV_VAR, "").strip()
+    if forced:
+        launch.update(_parse_forced_launch(forced, configs))
+        reason += f", {CONFIG_ENV_VAR}={forced}"
+    return Choice(kernel_name, configs[launch["config"]], target, reason,
+                  launch["swizzle"], launch["raster"])
+
+
+def _parse_forced_launch(text: str, configs) -> dict:
+    def bad(why):
+        return ValueError(f"{CONFIG_ENV_VAR}={text!r}: {why}")
+
+    config, *options = [part.strip() for part in text.split(",")]
+    launch = {}
+    if config:
+        if not config.isdigit() or int(config) not in configs:
+            raise bad(f"config must be one of {sorted(configs)}")
+        launch["config"] = int(config)
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "swizzle" and value.isdigit() and int(value) in SWIZZLES:
+            launch["swizzle"] = int(value)
+        elif key == "raster" and value in RASTER_ORDERS:
+            launch["raster"] = value
+        else:
+            raise bad(f"options are swizzle={'|'.join(map(str, SWIZZLES))} and "
+                      f"raster={'|'.join(RASTER_ORDERS)}, got {option!r}")
+    return launch

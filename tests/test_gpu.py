@@ -105,6 +105,19 @@ def test_odd_shapes(kernel, m, k, n, key):
     check_kernel(kernel, m, k, n, key)
 
 
+@pytest.mark.parametrize("kernel, config", [
+    (kernel, config) for kernel in FUSED_KERNELS for config in jax_swiglu.kernel_configs()[kernel]])
+@pytest.mark.parametrize("m", [5, 300, 2048])
+def test_every_compiled_config(kernel, config, m, key, monkeypatch):
+    """Configs the table does not pick for the Qwen grid above are checked too."""
+    monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(config))
+    jax.clear_caches()  # the variable is read at lowering
+    try:
+        check_kernel(kernel, m, 1536, 8960, key)
+    finally:
+        jax.clear_caches()
+
+
 @pytest.mark.parametrize("kernel", FUSED_KERNELS)
 @pytest.mark.parametrize("m", [7, 2048])
 def test_float16(kernel, m, key):
@@ -126,14 +139,21 @@ def test_output_is_written_in_place(kernel, key):
     assert not bool(jnp.isnan(y).any())
 
 
-def test_shape_errors_come_back_as_python_errors():
+def test_bad_calls_come_back_as_python_errors():
     """A malformed call reaching the handler is an error value, not a crash."""
     target = jax_swiglu._selection.choose(8, 64, 64, jnp.bfloat16).target
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((8, 64), jnp.bfloat16))
     x = jnp.ones((8, 64), jnp.bfloat16)
-    bad_packed = jnp.ones((32, 128), jnp.bfloat16)  # K mismatch
+    packed = jnp.ones((64, 128), jnp.bfloat16)
+
+    def run(w, config=0, swizzle=1, raster=0):
+        attrs = dict(config=np.int64(config), swizzle=np.int64(swizzle), raster=np.int64(raster))
+        return jax.block_until_ready(jax.jit(lambda x, w: call(x, w, **attrs))(x, w))
+
+    run(packed)  # well-formed: runs
     with pytest.raises(Exception, match="inconsistent shapes"):
-        jax.block_until_ready(jax.jit(lambda x, w: call(x, w, config=np.int64(0)))(x, bad_packed))
+        run(jnp.ones((32, 128), jnp.bfloat16))  # K mismatch
     with pytest.raises(Exception, match="unknown interleaved kernel config"):
-        jax.block_until_ready(jax.jit(lambda x, w: call(x, w, config=np.int64(99)))(
-            x, jnp.ones((64, 128), jnp.bfloat16)))
+        run(packed, config=99)
+    with pytest.raises(Exception, match="swizzle must be"):
+        run(packed, swizzle=3)

@@ -135,3 +135,17 @@ def test_config_table_is_exposed():
     for rule in _selection.SELECTION_TABLE:
         if rule.kernel != "xla":
             assert rule.config in jax_swiglu.kernel_configs()[rule.kernel]
+
+
+def test_forced_launch_knob(monkeypatch):
+    packed = _packed()
+    monkeypatch.setenv(_selection.CONFIG_ENV_VAR, "3,swizzle=4,raster=m")
+    jax.clear_caches()
+    hlo = cuda_hlo(swiglu, _x(4096), packed)
+    assert custom_calls(hlo) == [("jax_swiglu_interleaved_bf16", 3)]
+    assert re.search(r"raster = 1 : i64", hlo) and re.search(r"swizzle = 4 : i64", hlo)
+    for bad in ("99", "x", "0,swizzle=3", "0,raster=diagonal", "0,tiles=2"):
+        monkeypatch.setenv(_selection.CONFIG_ENV_VAR, bad)
+        jax.clear_caches()
+        with pytest.raises(ValueError, match=_selection.CONFIG_ENV_VAR):
+            cuda_hlo(swiglu, _x(4096), packed)

@@ -114,6 +114,11 @@ std::string LaunchInterleaved(const SwigluProblem& p, const DeviceFacts& facts,
       {static_cast<Element*>(p.out), static_cast<int>(p.n)},
       cutlass::KernelHardwareInfo{facts.device, facts.sm_count},
       {}};
+  using RasterOrder = typename Kernel::TileScheduler::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrder::AlongM
+                                : p.raster == 2 ? RasterOrder::AlongN
+                                                : RasterOrder::Heuristic;
 
   if (!Kernel::can_implement(args)) {
     return "interleaved kernel cannot implement M=" + std::to_string(p.m) +

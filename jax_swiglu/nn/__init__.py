@@ -1,0 +1,48 @@
+"""Flax modules for the SwiGLU MLP block ``down(SiLU(gate(x)) * up(x))`` (Llama, Qwen).
+
+Needs flax (``pip install 'jax_swiglu[flax]'``); ``import jax_swiglu`` does not.
+
+* :class:`FusedSwiGLUMLP` / :class:`SwiGLUMLP`: ``flax.nnx`` modules, fused and the plain
+  XLA reference (also as :mod:`jax_swiglu.nn.nnx`); :mod:`jax_swiglu.nn.linen` has both
+  for ``flax.linen``.
+* Param conversion, exact both ways: :func:`fuse_params` / :func:`unfuse_params`
+  (gate_proj/up_proj/down_proj kernels, [in, out]), :func:`fuse_hf_weights` /
+  :func:`fused_to_hf_weights` (Hugging Face tensors, [out, in]), and
+  :func:`fuse_mlp_blocks` / :func:`unfuse_mlp_blocks` for every block of a whole param tree.
+
+Logical axis names: ``EMBED`` ("embed", hidden K) and ``MLP`` ("mlp", intermediate N).
+"""
+
+try:
+    import flax  # noqa: F401
+except ImportError as error:  # flax is an optional dependency of jax_swiglu
+    raise ImportError(
+        "jax_swiglu.nn needs flax: pip install 'jax_swiglu[flax]' (or flax>=0.12)") from error
+
+from . import linen, nnx
+from ._common import (
+    EMBED,
+    MLP,
+    fuse_hf_weights,
+    fuse_mlp_blocks,
+    fuse_params,
+    fused_to_hf_weights,
+    unfuse_mlp_blocks,
+    unfuse_params,
+)
+from .nnx import FusedSwiGLUMLP, SwiGLUMLP
+
+__all__ = [
+    "EMBED",
+    "MLP",
+    "FusedSwiGLUMLP",
+    "SwiGLUMLP",
+    "fuse_hf_weights",
+    "fuse_mlp_blocks",
+    "fuse_params",
+    "fused_to_hf_weights",
+    "linen",
+    "nnx",
+    "unfuse_mlp_blocks",
+    "unfuse_params",
+]

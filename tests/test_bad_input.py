@@ -1,0 +1,104 @@
+"""Bad or unusual input: a clear error at trace time, or a documented correct result.
+
+Complements test_api.py (dtype, rank, K mismatch, unpacked weights, w_down) with the
+remaining cases: alignment, empty M, NaN/Inf, non-SM90 GPUs and missing kernels.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_swiglu
+from jax_swiglu import _native, _selection, pack_weights, swiglu
+
+from conftest import random_weights, random_x, requires_kernels
+
+
+def test_alignment_is_an_error_at_pack_time():
+    # K and N must keep 16-byte rows for TMA; we refuse rather than silently fall back.
+    with pytest.raises(ValueError, match=r"K=20 and N=64 must be multiples of 8"):
+        pack_weights(jnp.zeros((20, 64), jnp.bfloat16), jnp.zeros((20, 64), jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"K=16 and N=36 must be multiples of 8"):
+        pack_weights(jnp.zeros((16, 36), jnp.bfloat16), jnp.zeros((16, 36), jnp.bfloat16))
+
+
+def test_primitive_checks_alignment_too(key):
+    # A direct bind with misaligned shapes is refused by the abstract eval.
+    with pytest.raises(ValueError, match="multiples of 8"):
+        jax.eval_shape(
+            lambda x, w: jax_swiglu.swiglu_p.bind(x, w, n=60, kernel="auto"),
+            jax.ShapeDtypeStruct((4, 16), jnp.bfloat16), jax.ShapeDtypeStruct((16, 128), jnp.bfloat16))
+
+
+@pytest.mark.parametrize("shape", [(0, 32), (3, 0, 32), (0,) * 3 + (32,)])
+def test_empty_m(key, shape):
+    packed = pack_weights(*random_weights(key, 32, 64))
+    y = jax.jit(swiglu)(jnp.zeros(shape, jnp.bfloat16), packed)
+    assert y.shape == shape[:-1] + (64,)
+    w_down = jnp.zeros((64, 32), jnp.bfloat16)
+    assert jax_swiglu.fused_mlp(jnp.zeros(shape, jnp.bfloat16), packed, w_down).shape == shape
+
+
+def test_nan_and_inf_propagate_like_the_reference(key):
+    kx, kw = jax.random.split(key)
+    w_gate, w_up = random_weights(kw, 32, 64)
+    x = random_x(kx, (6, 32))
+    x = x.at[1, 3].set(jnp.nan).at[2, 5].set(jnp.inf).at[3, 0].set(-jnp.inf)
+    y = jax.jit(swiglu)(x, pack_weights(w_gate, w_up))
+    r = jax_swiglu.swiglu_reference(x, w_gate, w_up)
+    y, r = np.asarray(y, np.float32), np.asarray(r, np.float32)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(r))
+    assert np.isnan(y[1]).all()  # a NaN token poisons its whole row
+    np.testing.assert_array_equal(y, r)  # NaN where the reference has NaN, equal elsewhere
+
+
+def test_non_sm90_gpu_falls_back_to_xla_with_one_warning(monkeypatch):
+    if not _native.kernels_available():
+        pytest.skip("the fallback only matters when the kernels exist")
+    monkeypatch.setattr(_selection, "local_gpu_is_sm90", lambda: False)
+    _selection._warn_once.cache_clear()
+    with pytest.warns(RuntimeWarning, match="SM90"):
+        first = _selection.choose(128, 4864, 896, jnp.bfloat16)
+    assert first.kernel == "xla" and first.target is None
+    with warnings_as_errors():  # said once, not per call
+        _selection.choose(256, 4864, 896, jnp.bfloat16)
+    # Forcing a fused kernel there is an error that names the reason.
+    with pytest.raises(RuntimeError, match="SM90"):
+        _selection.choose(128, 4864, 896, jnp.bfloat16, kernel="interleaved")
+
+
+def test_missing_extension_falls_back_with_one_warning(monkeypatch):
+    monkeypatch.setattr(_native, "_kernels", None)
+    monkeypatch.setattr(_native, "_IMPORT_ERROR", "the extension was not built (test)")
+    _selection._warn_once.cache_clear()
+    with pytest.warns(RuntimeWarning, match="not built"):
+        assert _selection.choose(128, 4864, 896, jnp.bfloat16).kernel == "xla"
+    with pytest.raises(RuntimeError, match="not built"):
+        _selection.choose(128, 4864, 896, jnp.bfloat16, kernel="interleaved")
+
+
+@requires_kernels
+def test_lowering_on_a_non_sm90_gpu_has_no_custom_call(monkeypatch):
+    monkeypatch.setattr(_selection, "local_gpu_is_sm90", lambda: False)
+    _selection._warn_once.cache_clear()
+    jax.clear_caches()
+    packed = pack_weights(*random_weights(jax.random.key(0), 64, 128))
+    with pytest.warns(RuntimeWarning, match="SM90"):
+        hlo = jax.jit(swiglu).trace(jax.ShapeDtypeStruct((8, 64), jnp.bfloat16), packed).lower(
+            lowering_platforms=("cuda",)).as_text()
+    assert "jax_swiglu_interleaved" not in hlo and "stablehlo.dot_general" in hlo
+    jax.clear_caches()
+
+
+class warnings_as_errors:
+    """Context manager: any warning inside fails the test."""
+
+    def __enter__(self):
+        import warnings
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        return self._catch.__exit__(*exc)

@@ -1,0 +1,358 @@
+"""The Flax modules (jax_swiglu.nn): math, conversion, param layout and logical axis names.
+
+The CPU tests run on the CPU device even where a GPU exists, so the fused modules take the
+reference path there and must equal the unfused reference bit for bit. The GPU tests at
+the end compare the fused kernels with the reference within the kernels' tolerance.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("flax", reason="jax_swiglu.nn needs flax: pip install jax_swiglu[flax]")
+import flax.linen as nn  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import jax_swiglu  # noqa: E402
+from jax_swiglu import nn as swiglu_nn  # noqa: E402
+from jax_swiglu.nn import linen as swiglu_linen  # noqa: E402
+
+from conftest import random_x  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def cpu_unless_gpu_test(request):
+    if request.node.get_closest_marker("gpu"):
+        yield
+        return
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def _modules(k, n, seed=0, **options):
+    """(reference, fused) nnx modules with the same weights: both draw gate, up, down in order."""
+    return (swiglu_nn.SwiGLUMLP(k, n, rngs=nnx.Rngs(seed), **options),
+            swiglu_nn.FusedSwiGLUMLP(k, n, rngs=nnx.Rngs(seed), **options))
+
+
+def _params(module):
+    return nnx.to_pure_dict(nnx.state(module, nnx.Param))
+
+
+def _random_unfused(key, k, n, dtype=jnp.bfloat16):
+    kg, ku, kd = jax.random.split(key, 3)
+    draw = lambda key, shape: (jax.random.normal(key, shape) / np.sqrt(shape[0])).astype(dtype)
+    return {"gate_proj": {"kernel": draw(kg, (k, n))}, "up_proj": {"kernel": draw(ku, (k, n))},
+            "down_proj": {"kernel": draw(kd, (n, k))}}
+
+
+def _assert_trees_equal(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)
+
+
+def _count(tree):
+    return sum(leaf.size for leaf in jax.tree.leaves(tree))
+
+
+# --- the fused module computes the reference --------------------------------------------------
+
+@pytest.mark.parametrize("k, n", [(64, 128), (96, 200), (896, 4864)])
+def test_fused_equals_reference_module(key, k, n):
+    reference, fused = _modules(k, n)
+    _assert_trees_equal(_params(fused.to_unfused()), _params(reference))  # same rngs, same weights
+    x = random_x(key, (2, 9, k))
+    y = fused(x)
+    assert y.shape == (2, 9, k) and y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(y, reference(x))
+    # ... which is the spec followed by the down dot.
+    gate, up, down = (getattr(reference, name).kernel[...]
+                      for name in ("gate_proj", "up_proj", "down_proj"))
+    expected = jax_swiglu.swiglu_reference(x, gate, up) @ down
+    np.testing.assert_array_equal(y, expected)
+
+
+@pytest.mark.parametrize("lead", [(), (5,), (2, 7), (2, 3, 4)])
+def test_leading_batch_and_sequence_dims(key, lead):
+    reference, fused = _modules(32, 72)
+    x = random_x(key, (*lead, 32))
+    y = fused(x)
+    assert y.shape == (*lead, 32)
+    np.testing.assert_array_equal(y, reference(x))
+
+
+def test_jax_jit_and_nnx_jit(key):
+    reference, fused = _modules(64, 128)
+    x = random_x(key, (3, 64))
+    eager = fused(x)
+    np.testing.assert_array_equal(jax.jit(lambda m, x: m(x))(fused, x), eager)
+    np.testing.assert_array_equal(nnx.jit(lambda m, x: m(x))(fused, x), eager)
+    np.testing.assert_array_equal(nnx.jit(lambda m, x: m(x))(reference, x), eager)
+
+
+def test_param_dtype_is_cast_at_call_time(key):
+    _, fused32 = _modules(64, 128, param_dtype=jnp.float32)
+    assert fused32.gate_up_proj.kernel.dtype == jnp.float32
+    fused16 = swiglu_nn.FusedSwiGLUMLP.from_params(_params(fused32), param_dtype=jnp.bfloat16)
+    x = random_x(key, (4, 64))
+    y = fused32(x)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(y, fused16(x))
+
+
+def test_float16(key):
+    reference, fused = _modules(64, 128, dtype=jnp.float16, param_dtype=jnp.float16)
+    x = random_x(key, (4, 64), jnp.bfloat16)  # cast to dtype, as flax layers do
+    y = fused(x)
+    assert y.dtype == jnp.float16
+    np.testing.assert_array_equal(y, reference(x))
+
+
+def test_kernel_attribute_reaches_the_primitive(key):
+    fused = swiglu_nn.FusedSwiGLUMLP(64, 128, kernel="xla", rngs=nnx.Rngs(0))
+    jaxpr = jax.make_jaxpr(lambda m, x: m(x))(fused, random_x(key, (4, 64)))
+    binds = [e for e in jaxpr.jaxpr.eqns if e.primitive is jax_swiglu.swiglu_p]
+    assert [e.params["kernel"] for e in binds] == ["xla"]
+    x = jax.ShapeDtypeStruct((4, 64), jnp.bfloat16)
+    assert "on cuda: xla (kernel='xla')" in fused.explain(x, platform="cuda")
+
+
+def test_linen_modules(key):
+    kx, ki = jax.random.split(key)
+    x = random_x(kx, (2, 5, 64))
+    reference = swiglu_linen.SwiGLUMLP(intermediate_size=200)
+    variables = reference.init(ki, x)
+    params = nn.unbox(variables)["params"]
+    fused = swiglu_linen.FusedSwiGLUMLP(intermediate_size=200)
+    fused_params = swiglu_nn.fuse_params(params)
+    y = jax.jit(fused.apply)({"params": fused_params}, x)
+    assert y.shape == (2, 5, 64) and y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(y, reference.apply(variables, x))
+    # Its own init packs the same layout.
+    own = nn.unbox(fused.init(ki, x))["params"]
+    assert jax.tree.map(jnp.shape, own) == jax.tree.map(jnp.shape, fused_params)
+
+
+# --- conversion -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_unfused_fused_round_trips_are_exact(key, dtype):
+    unfused = _random_unfused(key, 64, 200, dtype)  # N=200: padded to 256 when packed
+    fused = swiglu_nn.fuse_params(unfused)
+    assert fused["gate_up_proj"]["kernel"].shape == (64, 512)
+    _assert_trees_equal(swiglu_nn.unfuse_params(fused), unfused)
+    _assert_trees_equal(swiglu_nn.fuse_params(swiglu_nn.unfuse_params(fused)), fused)
+
+
+def test_hf_round_trip_is_exact_and_oriented(key):
+    unfused = _random_unfused(key, 64, 200)
+    hf = {f"{name}.weight": unfused[name]["kernel"].T for name in unfused}  # [out, in]
+    fused = swiglu_nn.fuse_hf_weights({name: np.asarray(w) for name, w in hf.items()})
+    _assert_trees_equal(fused, swiglu_nn.fuse_params(unfused))
+    _assert_trees_equal(swiglu_nn.fused_to_hf_weights(fused), hf)
+    # The module computes the Hugging Face block, F.linear(x, W) = x @ W.T.
+    x = random_x(key, (3, 64))
+    expected = jax_swiglu.swiglu_reference(
+        x, hf["gate_proj.weight"].T, hf["up_proj.weight"].T) @ hf["down_proj.weight"].T
+    np.testing.assert_array_equal(swiglu_nn.FusedSwiGLUMLP.from_params(fused)(x), expected)
+
+
+def test_module_conversion_round_trip(key):
+    reference = swiglu_nn.SwiGLUMLP(64, 200, param_dtype=jnp.float32, rngs=nnx.Rngs(3))
+    fused = swiglu_nn.FusedSwiGLUMLP.from_unfused(reference, kernel="xla")
+    assert (fused.dtype, fused.param_dtype, fused.kernel) == (jnp.bfloat16, jnp.float32, "xla")
+    back = fused.to_unfused()
+    _assert_trees_equal(_params(back), _params(reference))
+    x = random_x(key, (4, 64))
+    np.testing.assert_array_equal(fused(x), reference(x))
+    np.testing.assert_array_equal(back(x), reference(x))
+
+
+def test_fuse_mlp_blocks_swaps_every_block(key):
+    keys = jax.random.split(key, 3)
+    scale = {"scale": jnp.ones(64)}
+    tree = {"embed": {"embedding": jnp.ones((10, 64))},
+            "layers": {str(i): {"mlp": _random_unfused(keys[i], 64, 128), "norm": scale}
+                       for i in range(2)},
+            "extra_mlp": {**_random_unfused(keys[2], 64, 96), "norm": scale}}
+    fused = swiglu_nn.fuse_mlp_blocks(tree)
+    for i in range(2):
+        _assert_trees_equal(fused["layers"][str(i)]["mlp"],
+                            swiglu_nn.fuse_params(tree["layers"][str(i)]["mlp"]))
+        _assert_trees_equal(fused["layers"][str(i)]["norm"], scale)
+    assert sorted(fused["extra_mlp"]) == ["down_proj", "gate_up_proj", "norm"]
+    _assert_trees_equal(fused["embed"], tree["embed"])
+    _assert_trees_equal(swiglu_nn.unfuse_mlp_blocks(fused), tree)
+    with pytest.raises(ValueError, match="found no unfused MLP block"):
+        swiglu_nn.fuse_mlp_blocks({"wi_0": {"kernel": jnp.ones((4, 8))}})
+
+
+def test_fused_tree_loads_into_an_nnx_model(key):
+    class Model(nnx.Module):
+        def __init__(self, mlp_class, rngs):
+            self.blocks = nnx.List([mlp_class(64, 128, rngs=rngs) for _ in range(2)])
+
+        def __call__(self, x):
+            for block in self.blocks:
+                x = x + block(x)
+            return x
+
+    reference = Model(swiglu_nn.SwiGLUMLP, nnx.Rngs(0))
+    fused = nnx.eval_shape(lambda: Model(swiglu_nn.FusedSwiGLUMLP, nnx.Rngs(0)))
+    nnx.update(fused, swiglu_nn.fuse_mlp_blocks(_params(reference)))
+    x = random_x(key, (4, 64))
+    np.testing.assert_array_equal(fused(x), reference(x))
+
+
+# --- param layout: counts, shapes, logical axis names -----------------------------------------
+
+@pytest.mark.parametrize("k, n, n_pad", [(64, 200, 256), (896, 4864, 4864)])
+def test_param_shapes_and_counts_as_documented(k, n, n_pad):
+    reference = nnx.eval_shape(lambda: swiglu_nn.SwiGLUMLP(k, n, rngs=nnx.Rngs(0)))
+    fused = nnx.eval_shape(lambda: swiglu_nn.FusedSwiGLUMLP(k, n, rngs=nnx.Rngs(0)))
+    shapes = lambda module: jax.tree.map(jnp.shape, _params(module))
+    assert shapes(reference) == {"gate_proj": {"kernel": (k, n)}, "up_proj": {"kernel": (k, n)},
+                                 "down_proj": {"kernel": (n, k)}}
+    assert shapes(fused) == {"gate_up_proj": {"kernel": (k, 2 * n_pad)},
+                             "down_proj": {"kernel": (n, k)}}
+    assert _count(_params(reference)) == 3 * k * n
+    assert _count(_params(fused)) == 2 * k * n_pad + n * k
+    x = jax.ShapeDtypeStruct((1, k), jnp.bfloat16)
+    linen_params = jax.eval_shape(swiglu_linen.FusedSwiGLUMLP(n).init, jax.random.key(0), x)
+    assert jax.tree.map(jnp.shape, nn.unbox(linen_params)["params"]) == shapes(fused)
+
+
+def test_logical_axis_names(key):
+    reference, fused = _modules(64, 128)
+    P = jax.sharding.PartitionSpec
+    gate_up, down = P("embed", "mlp"), P("mlp", "embed")
+    assert nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(fused))) == {
+        "gate_up_proj": {"kernel": gate_up}, "down_proj": {"kernel": down}}
+    assert nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(reference))) == {
+        "gate_proj": {"kernel": gate_up}, "up_proj": {"kernel": gate_up},
+        "down_proj": {"kernel": down}}
+    x = random_x(key, (2, 64))
+    linen_specs = {
+        swiglu_linen.FusedSwiGLUMLP(128): {"gate_up_proj": gate_up, "down_proj": down},
+        swiglu_linen.SwiGLUMLP(128): {"gate_proj": gate_up, "up_proj": gate_up, "down_proj": down},
+    }
+    for module, expected in linen_specs.items():
+        specs = nn.get_partition_spec(module.init(key, x))["params"]
+        assert {name: spec["kernel"] for name, spec in specs.items()} == expected
+
+
+def test_eager_sharding_under_a_mesh_follows_the_logical_rules():
+    mesh = jax.make_mesh((1,), ("model",), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=jax.devices("cpu")[:1])
+    with jax.set_mesh(mesh), nnx.logical_axis_rules((("embed", None), ("mlp", "model"))):
+        fused = swiglu_nn.FusedSwiGLUMLP(64, 128, rngs=nnx.Rngs(0))
+    P = jax.sharding.PartitionSpec
+    assert fused.gate_up_proj.kernel[...].sharding.spec == P(None, "model")
+    assert fused.down_proj.kernel[...].sharding.spec == P("model", None)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+def test_bad_configurations():
+    with pytest.raises(TypeError, match="bfloat16 or float16, got dtype=float32"):
+        swiglu_nn.FusedSwiGLUMLP(64, 128, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        swiglu_nn.FusedSwiGLUMLP(64, 128, kernel="fastest", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="multiples of 8"):
+        swiglu_nn.FusedSwiGLUMLP(60, 128, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="exactly one of rngs= .* and params="):
+        swiglu_nn.FusedSwiGLUMLP(64, 128)
+    fused = swiglu_nn.fuse_params(_random_unfused(jax.random.key(0), 64, 128))
+    with pytest.raises(ValueError, match=r"gate_up_proj kernel must have shape \(64, 512\)"):
+        swiglu_nn.FusedSwiGLUMLP(64, 256, params=fused)
+
+
+def test_bad_params():
+    unfused = _random_unfused(jax.random.key(0), 64, 128)
+    with pytest.raises(ValueError, match="expected unfused MLP params with 'up_proj'"):
+        swiglu_nn.fuse_params({"gate_proj": unfused["gate_proj"]})
+    with pytest.raises(ValueError, match=r"down_proj kernel must be \[N, K\] = \[128, 64\]"):
+        swiglu_nn.fuse_params({**unfused, "down_proj": unfused["gate_proj"]})
+    boxed = swiglu_linen.SwiGLUMLP(128).init(jax.random.key(0), jnp.ones((1, 64)))["params"]
+    with pytest.raises(TypeError, match="unbox"):
+        swiglu_nn.fuse_params(boxed)
+    with pytest.raises(ValueError, match=r"lack \['up_proj.weight'\]"):
+        swiglu_nn.fuse_hf_weights({"gate_proj.weight": 0, "down_proj.weight": 0})
+
+
+def test_jax_swiglu_imports_without_flax():
+    code = (
+        "import sys\n"
+        "class NoFlax:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'flax':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, NoFlax())\n"
+        "import jax_swiglu\n"
+        "assert 'flax' not in sys.modules\n"
+        "try:\n"
+        "    import jax_swiglu.nn\n"
+        "except ImportError as error:\n"
+        "    print(error)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "jax_swiglu.nn needs flax: pip install 'jax_swiglu[flax]'" in result.stdout
+
+
+# --- on the GPU: the fused kernels against the reference module -------------------------------
+
+def _gpu_skip_reason():
+    if not jax_swiglu.kernels_available():
+        return jax_swiglu.unavailable_reason()
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:
+        return "no CUDA GPU visible to JAX"
+    capability = str(getattr(devices[0], "compute_capability", "?"))
+    if capability not in ("9.0", "90"):
+        return f"the kernels need an SM90 GPU; found compute capability {capability}"
+    return None
+
+
+_GPU_SKIP = _gpu_skip_reason()
+requires_gpu = pytest.mark.skipif(_GPU_SKIP is not None, reason=f"GPU test: {_GPU_SKIP}")
+
+
+def _rel_frobenius(y, r):
+    y, r = np.asarray(y, np.float32), np.asarray(r, np.float32)
+    return np.linalg.norm(y - r) / np.linalg.norm(r)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("kernel", [k for k in jax_swiglu.KERNELS if k != "xla"])
+@pytest.mark.parametrize("lead", [(8, 1), (1, 2048)])
+def test_gpu_fused_module_matches_reference(key, kernel, lead):
+    k, n = jax_swiglu.QWEN25_MLPS["qwen2.5-0.5b"]
+    reference = swiglu_nn.SwiGLUMLP(k, n, rngs=nnx.Rngs(0))
+    fused = swiglu_nn.FusedSwiGLUMLP.from_unfused(reference, kernel=kernel)
+    x = random_x(key, (*lead, k))
+    forward = jax.jit(lambda m, x: m(x))
+    assert f"jax_swiglu_{kernel}_bf16" in forward.lower(fused, x).as_text()
+    assert _rel_frobenius(forward(fused, x), forward(reference, x)) < 1e-2
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_linen_fused_module_matches_reference(key):
+    x = random_x(key, (4, 16, 896))
+    reference = swiglu_linen.SwiGLUMLP(4864)
+    variables = reference.init(jax.random.key(0), x)
+    fused_params = swiglu_nn.fuse_params(nn.unbox(variables)["params"])
+    y = jax.jit(swiglu_linen.FusedSwiGLUMLP(4864).apply)({"params": fused_params}, x)
+    assert _rel_frobenius(y, jax.jit(reference.apply)(variables, x)) < 1e-2
