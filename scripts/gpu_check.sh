@@ -6,11 +6,13 @@
 #      printing ptxas's register/spill report,
 #   3. runs the whole test suite (the GPU tests included; PYTEST_ARGS="-m gpu tests" runs
 #      only those) and
-#   4. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite;
+#   4. the demo (python -m jax_swiglu.demo) and
+#   5. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite;
 #      BENCH=0 skips it),
-#   5. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS).
+#   6. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS).
 # Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
-# gpu_report.jsonl (per-case errors), the benchmark's JSON + markdown, calibration.json.
+# gpu_report.jsonl (per-case errors), demo.log, the benchmark's JSON + markdown and
+# calibration.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
@@ -61,6 +63,10 @@ if rows:
     print(f"GPU cases: {len(rows)}, total mismatches {bad}, "
           f"max rel_fro {max(r['rel_fro'] for r in rows):.3e}")
 PYEOF
+
+echo "== demo" | tee -a "$SUMMARY"
+"$PY" -m jax_swiglu.demo > "$OUT/demo.log" 2>&1 || status=1
+tail -12 "$OUT/demo.log" | tee -a "$SUMMARY"
 
 if [ "${BENCH:-1}" = 1 ]; then
   echo "== benchmark" | tee -a "$SUMMARY"
