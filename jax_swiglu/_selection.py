@@ -132,6 +132,19 @@ def local_gpu_is_sm90() -> bool | None:
     return str(capability) in ("9.0", "90")
 
 
+def kernels_unusable_reason() -> str | None:
+    """Why the fused kernels cannot run on this machine's GPU, or None if they can."""
+    if not _native.kernels_available():
+        return _native.unavailable_reason()
+    sm90 = local_gpu_is_sm90()
+    if sm90 is None:
+        return "JAX sees no CUDA GPU"
+    if not sm90:
+        capability = getattr(jax.devices("cuda")[0], "compute_capability", "?")
+        return f"the GPU has compute capability {capability}; the kernels need SM90 (Hopper)"
+    return None
+
+
 def _lookup(m: int, n: int, kernel: str | None = None) -> Rule | None:
     """The first row admitting (M, N) (among ``kernel``'s rows, if given; else its last)."""
     rows = [rule for rule in SELECTION_TABLE if kernel is None or rule.kernel == kernel]

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_swiglu
-from jax_swiglu import QWEN25_MLPS
+from jax_swiglu import QWEN25_MLPS, _selection
 
 try:
     from flax import nnx
@@ -51,20 +51,6 @@ class MLPStack(nnx.Module):
         for block in self.blocks:
             x = x + block(rms_norm(x))
         return x
-
-
-def fused_kernels_missing() -> str | None:
-    """Why the fused kernels will not run here, or None if they will."""
-    if not jax_swiglu.kernels_available():
-        return jax_swiglu.unavailable_reason()
-    try:
-        device = jax.devices("cuda")[0]
-    except RuntimeError:
-        return "JAX sees no CUDA GPU"
-    capability = str(getattr(device, "compute_capability", "?"))
-    if capability not in ("9.0", "90"):
-        return f"the GPU has compute capability {capability}, not 9.0 (Hopper)"
-    return None
 
 
 def progress(items, label: str):
@@ -156,7 +142,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     hidden, intermediate = QWEN25_MLPS[args.model]
-    missing = fused_kernels_missing()
+    missing = _selection.kernels_unusable_reason()
     print(f"jax_swiglu demo: {args.layers} SwiGLU MLP blocks of {args.model} (hidden {hidden}, "
           f"intermediate {intermediate}), bfloat16, random weights")
     print(f"jax {jax.__version__}, devices {jax.devices()}")

@@ -42,6 +42,12 @@ def key(request):
     return jax.random.key(zlib.crc32(request.node.nodeid.encode()))
 
 
+def gpu_skip_reason():
+    """None on an SM90 GPU with the kernels built; otherwise why GPU tests skip."""
+    from jax_swiglu import _selection
+    return _selection.kernels_unusable_reason()
+
+
 requires_kernels = pytest.mark.skipif(
     not jax_swiglu.kernels_available(),
     reason=f"needs the compiled extension: {jax_swiglu.unavailable_reason()}")

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("flax", reason="the demo needs flax (pip install 'jax_swiglu[flax]')")
 
 import jax_swiglu  # noqa: E402
-from jax_swiglu.demo import fused_kernels_missing  # noqa: E402
+from conftest import gpu_skip_reason  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def test_demo_runs():
     assert "prefill: x [1, 96, 896], M = 96" in out and "decode: x [4, 1, 896], M = 4" in out
     if jax_swiglu.kernels_available():  # the demo lowers for CUDA and counts the custom calls
         assert out.count("2 custom calls, jax_swiglu_interleaved_bf16") == 2
-    if fused_kernels_missing() is None:
+    if gpu_skip_reason() is None:
         assert out.count("time per forward (2 blocks, median of 2)") == 2
     else:
         assert "NO SM90 GPU, REFERENCE PATH" in out

@@ -22,7 +22,7 @@ import jax_swiglu  # noqa: E402
 from jax_swiglu import nn as swiglu_nn  # noqa: E402
 from jax_swiglu.nn import linen as swiglu_linen  # noqa: E402
 
-from conftest import random_x  # noqa: E402
+from conftest import gpu_skip_reason, random_x  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -311,20 +311,7 @@ def test_jax_swiglu_imports_without_flax():
 
 # --- on the GPU: the fused kernels against the reference module -------------------------------
 
-def _gpu_skip_reason():
-    if not jax_swiglu.kernels_available():
-        return jax_swiglu.unavailable_reason()
-    try:
-        devices = jax.devices("cuda")
-    except RuntimeError:
-        return "no CUDA GPU visible to JAX"
-    capability = str(getattr(devices[0], "compute_capability", "?"))
-    if capability not in ("9.0", "90"):
-        return f"the kernels need an SM90 GPU; found compute capability {capability}"
-    return None
-
-
-_GPU_SKIP = _gpu_skip_reason()
+_GPU_SKIP = gpu_skip_reason()
 requires_gpu = pytest.mark.skipif(_GPU_SKIP is not None, reason=f"GPU test: {_GPU_SKIP}")
 
 

@@ -20,23 +20,10 @@ import pytest
 import jax_swiglu
 from jax_swiglu import QWEN25_MLPS, pack_weights, swiglu
 
-from conftest import random_weights, random_x
+from conftest import gpu_skip_reason, random_weights, random_x
 
 
-def _gpu_skip_reason():
-    if not jax_swiglu.kernels_available():
-        return jax_swiglu.unavailable_reason()
-    try:
-        devices = jax.devices("cuda")
-    except RuntimeError:
-        return "no CUDA GPU visible to JAX"
-    capability = str(getattr(devices[0], "compute_capability", "?"))
-    if capability not in ("9.0", "90"):
-        return f"the kernels need an SM90 GPU; found compute capability {capability}"
-    return None
-
-
-_SKIP = _gpu_skip_reason()
+_SKIP = gpu_skip_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_SKIP is not None, reason=f"GPU test: {_SKIP}")]
 
 FUSED_KERNELS = [k for k in jax_swiglu.KERNELS if k != "xla"]
