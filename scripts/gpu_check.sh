@@ -4,8 +4,7 @@
 #      (nvidia-cutlass, for the CUTLASS headers),
 #   2. builds jax_swiglu against this machine's own jaxlib (no build isolation),
 #      printing ptxas's register/spill report,
-#   3. runs the whole test suite (the GPU tests included; PYTEST_ARGS="-m gpu tests" runs
-#      only those) and
+#   3. runs the GPU tests (CI runs the rest; PYTEST_ARGS="tests" runs everything),
 #   4. the demo (python -m jax_swiglu.demo) and
 #   5. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite;
 #      BENCH=0 skips it),
@@ -51,7 +50,7 @@ rm -f "$OUT/gpu_report.jsonl"
 # XLA's GEMM autotuning only slows the fp32 references down here; the kernels don't use it.
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
 # shellcheck disable=SC2086
-JAX_SWIGLU_GPU_REPORT="$OUT/gpu_report.jsonl" "$PY" -m pytest -q -rs --durations=8 ${PYTEST_ARGS:-tests} 2>&1 \
+JAX_SWIGLU_GPU_REPORT="$OUT/gpu_report.jsonl" "$PY" -m pytest -q -rs --durations=8 ${PYTEST_ARGS:--m gpu tests} 2>&1 \
   | tee "$OUT/pytest.log" | tail -5
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 tail -3 "$OUT/pytest.log" >> "$SUMMARY"

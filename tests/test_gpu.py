@@ -39,15 +39,21 @@ def _fused(kernel):
                    donate_argnums=0, keep_unused=True)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _inputs(key, m, k, n, dtype):
+    """Fresh random x, weights and their packing, in one compiled call (not a dozen)."""
+    kx, kw = jax.random.split(key)
+    w_gate, w_up = random_weights(kw, k, n, dtype)
+    x = random_x(kx, (m, k), dtype)
+    return x, w_gate, w_up, pack_weights(w_gate, w_up).data
+
+
 @jax.jit
-def _reference_f32(x, w_gate, w_up):
+def _errors(y, x, w_gate, w_up):
+    """Mismatch count, relative Frobenius error and max abs error against the fp32 reference."""
     f32 = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
     x = x.astype(jnp.float32)
-    return jax.nn.silu(f32(x, w_gate.astype(jnp.float32))) * f32(x, w_up.astype(jnp.float32))
-
-
-@jax.jit
-def _errors(y, r):
+    r = jax.nn.silu(f32(x, w_gate.astype(jnp.float32))) * f32(x, w_up.astype(jnp.float32))
     y = y.astype(jnp.float32)
     diff = jnp.abs(y - r)
     ok = diff <= 0.01 * jnp.abs(r) + 1e-3  # False for NaN: unwritten elements count
@@ -63,13 +69,11 @@ def _record(**row):
 
 
 def check_kernel(kernel, m, k, n, key, dtype=jnp.bfloat16):
-    kx, kw = jax.random.split(key)
-    w_gate, w_up = random_weights(kw, k, n, dtype)
-    packed = pack_weights(w_gate, w_up)
-    x = random_x(kx, (m, k), dtype)
+    x, w_gate, w_up, packed_data = _inputs(key, m, k, n, jnp.dtype(dtype))
+    packed = jax_swiglu.PackedWeights(packed_data, n)
     poison = jnp.full((m, n), jnp.nan, dtype)
     y = _fused(kernel)(poison, x, packed)
-    mismatches, rel_fro, max_abs = (float(v) for v in _errors(y, _reference_f32(x, w_gate, w_up)))
+    mismatches, rel_fro, max_abs = (float(v) for v in _errors(y, x, w_gate, w_up))
     _record(kernel=kernel, m=m, k=k, n=n, dtype=jnp.dtype(dtype).name,
             mismatches=int(mismatches), rel_fro=rel_fro, max_abs_err=max_abs,
             choice=jax_swiglu.explain(x, packed, kernel=kernel))
