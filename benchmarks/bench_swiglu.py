@@ -4,6 +4,10 @@
     python benchmarks/bench_swiglu.py --quick         # a few configurations
     python benchmarks/bench_swiglu.py --out-dir DIR   # where the JSON/markdown/plot go
 
+Writes benchmarks/results/<gpu>/<date><tag>.json (after every configuration, so a cut-short
+run keeps its rows), then .md (table and the issue's targets) and .png (plot) from it through
+report.py, which regenerates both from a saved JSON.
+
 Every configuration times, side by side in one run and on the same inputs:
   xla        SiLU(x @ Wg) * (x @ Wu) in plain XLA, separate weights   (baseline a)
   xla_stack  one XLA dot on pre-stacked [K, 2N] weights, then split/SiLU/mul (b)
@@ -37,6 +41,9 @@ import numpy as np
 
 import jax_swiglu
 from jax_swiglu import QWEN25_MLPS
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402  (same folder: the markdown, the targets, the plot)
 
 M_VALUES = (128, 512, 2048, 8192)
 QUICK = (("qwen2.5-0.5b", 128), ("qwen2.5-0.5b", 2048), ("qwen2.5-7b", 128),
@@ -128,6 +135,12 @@ def _check(sets, fn):
     return float(jnp.linalg.norm(y - r) / jnp.linalg.norm(r))
 
 
+def flops(model, m):
+    """Multiply-adds x 2 of the [M, K] x [K, 2N] product (the activation not counted)."""
+    k, n = QWEN25_MLPS[model]
+    return 2 * m * k * 2 * n
+
+
 def bench_one(model, m, iterations, key):
     k, n = QWEN25_MLPS[model]
     sets = make_rotation(key, m, k, n)
@@ -135,7 +148,7 @@ def bench_one(model, m, iterations, key):
     xs = [s[0] for s in sets]
     ws = [s[1] for s in sets]
     row = {"model": model, "m": m, "k": k, "n": n, "rotation_sets": count,
-           "flops": 2 * m * k * 2 * n, "gpu_us": {}, "wall_us": {}, "rel_err": {}}
+           "flops": flops(model, m), "gpu_us": {}, "wall_us": {}, "rel_err": {}}
     for name, variant in variants().items():
         fn = jax.jit(lambda xs, ws, variant=variant: [variant(x, w) for x, w in zip(xs, ws)])
         row["gpu_us"][name] = _measure_gpu_ms(fn, (xs, ws), iterations) * 1e3 / count
@@ -156,6 +169,21 @@ def measure_peak_tflops(iterations=20):
     return 2 * 8192**3 / (ms * 1e-3) / 1e12
 
 
+def git_commit():
+    """Short commit of the checkout, "+" if tracked files differ from it; None outside git."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
+                              capture_output=True, text=True, timeout=30)
+        if head.returncode != 0:
+            return None
+        diff = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=here,
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+" if diff.returncode == 1 else "")
+
+
 def environment():
     device = jax.devices()[0]
     env = {
@@ -172,6 +200,7 @@ def environment():
         env["jaxlib"] = jaxlib.__version__
     except Exception:  # pragma: no cover
         pass
+    env["git"] = git_commit()
     try:
         smi = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,"
@@ -187,27 +216,37 @@ def environment():
     return env
 
 
-def markdown(result):
-    env = result["environment"]
-    fused_names = [k for k in jax_swiglu.KERNELS if k != "xla"]
-    lines = [
-        f"GPU: {env['device']} ({env.get('nvidia_smi')}); jax {env['jax']}, jaxlib {env['jaxlib']}; "
-        f"{env['date']}; measured bf16 GEMM peak {result['peak_tflops']:.0f} TFLOP/s.",
-        f"Command: `{env['command']}`. GPU time (CUPTI), microseconds per call, median.",
-        "",
-        "| model | M | xla (a) | xla_stack (b) | gemm (c) | " + " | ".join(fused_names)
-        + " | auto (e) | a/auto | auto/c | auto TFLOP/s |",
-        "|---|---|---|---|---|" + "---|" * len(fused_names) + "---|---|---|---|",
-    ]
-    for row in result["rows"]:
-        t = row["gpu_us"]
-        tflops = row["flops"] / (t["auto"] * 1e-6) / 1e12
-        lines.append(
-            f"| {row['model']} | {row['m']} | {t['xla']:.1f} | {t['xla_stack']:.1f} | "
-            f"{t['gemm']:.1f} | " + " | ".join(f"{t[k]:.1f}" for k in fused_names)
-            + f" | {t['auto']:.1f} | {t['xla'] / t['auto']:.2f} | {t['auto'] / t['gemm']:.2f} | "
-            f"{tflops:.0f} |")
-    return "\n".join(lines) + "\n"
+def estimate_remaining_s(done, todo):
+    """Seconds left, from (flops, seconds) of the configurations done and the flops of those to do.
+
+    Fits seconds = a + b * flops (compiling costs about the same per configuration, timing
+    grows with the work); with too few points, the mean time per configuration.
+    """
+    if not done or not todo:
+        return 0.0
+    work = [w for w, _ in done]
+    secs = [t for _, t in done]
+    mean_w, mean_t = statistics.fmean(work), statistics.fmean(secs)
+    var = sum((w - mean_w) ** 2 for w in work)
+    b = max(0.0, sum((w - mean_w) * (t - mean_t) for w, t in done) / var) if var > 0 else 0.0
+    a = mean_t - b * mean_w
+    if a < 0:  # all of the time in the work term
+        a, b = 0.0, sum(secs) / sum(work)
+    return sum(a + b * w for w in todo)
+
+
+def _hms(seconds):
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def output_stem(out_dir, date, tag):
+    """out_dir/<date><tag>, with -2, -3, ... added rather than overwrite an earlier run."""
+    stem = os.path.join(out_dir, date + tag)
+    n = 1
+    while os.path.exists(stem + (f"-{n}" if n > 1 else "") + ".json"):
+        n += 1
+    return stem + (f"-{n}" if n > 1 else "")
 
 
 def main(argv=None):
@@ -218,33 +257,50 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--out-dir", default=None,
                         help="default: benchmarks/results/<gpu>/")
+    parser.add_argument("--tag", default=None,
+                        help="suffix of the file names, <date>-<tag>.json (default: quick "
+                             "with --quick, none otherwise)")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line for the head of the report (e.g. what the run is for); "
+                             "repeatable")
     args = parser.parse_args(argv)
 
     if jax.default_backend() != "gpu":
         raise SystemExit("the benchmark needs a GPU (jax.default_backend() is "
                          f"{jax.default_backend()!r})")
     configs = list(QUICK) if args.quick else [(mo, m) for mo in args.models for m in args.m]
+    start = time.perf_counter()
     env = environment()
-    result = {"environment": env, "peak_tflops": measure_peak_tflops(), "rows": []}
+    tag = args.tag if args.tag is not None else ("quick" if args.quick else "")
+    tag = "-" + tag.lstrip("-") if tag else ""
+    out_dir = args.out_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                           env["device"].replace(" ", "_"))
+    os.makedirs(out_dir, exist_ok=True)
+    stem = output_stem(out_dir, env["date"][:10], tag)
+
+    result = {"environment": env, "iterations": args.iterations, "notes": args.note,
+              "complete": False, "peak_tflops": measure_peak_tflops(), "rows": []}
+    print(f"bf16 GEMM peak {result['peak_tflops']:.0f} TFLOP/s; {len(configs)} configurations "
+          f"-> {stem}.json", flush=True)
     key = jax.random.key(0)
+    done = []
     for i, (model, m) in enumerate(configs):
+        began = time.perf_counter()
         row = bench_one(model, m, args.iterations, jax.random.fold_in(key, i))
         result["rows"].append(row)
+        result["complete"] = i + 1 == len(configs)
+        with open(stem + ".json", "w") as f:  # after every row: a cut-short run keeps its data
+            json.dump(result, f, indent=1)
+        done.append((row["flops"], time.perf_counter() - began))
+        left = estimate_remaining_s(done, [flops(*config) for config in configs[i + 1:]])
         t = row["gpu_us"]
         print(f"[{i + 1}/{len(configs)}] {model} M={m}: xla {t['xla']:.1f} us, gemm {t['gemm']:.1f} us, "
-              f"auto {t['auto']:.1f} us ({t['xla'] / t['auto']:.2f}x xla)", flush=True)
+              f"auto {t['auto']:.1f} us ({t['xla'] / t['auto']:.2f}x xla); {done[-1][1]:.0f} s, "
+              f"elapsed {_hms(time.perf_counter() - start)}, about {_hms(left)} left", flush=True)
 
-    gpu_dir = env["device"].replace(" ", "_")
-    out_dir = args.out_dir or os.path.join(os.path.dirname(__file__), "results", gpu_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, env["date"][:10] + ("-quick" if args.quick else ""))
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    table = markdown(result)
-    with open(stem + ".md", "w") as f:
-        f.write(table)
-    print(table)
-    print(f"wrote {stem}.json and {stem}.md")
+    written = report.write_report(result, stem)
+    print(report.markdown(result))
+    print(f"wrote {stem}.json, " + ", ".join(os.path.basename(p) for p in written))
     return result
 
 

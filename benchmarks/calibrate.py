@@ -6,6 +6,8 @@
 For each (model, M) it times, side by side on the same rotated inputs, the XLA reference
 and every config of every fused kernel (forced through JAX_SWIGLU_KERNEL/JAX_SWIGLU_CONFIG),
 then prints the fastest per (model, M) and, per M, the config that wins most often.
+The JSON (written after every row) is rendered as a markdown table next to it by
+report.py (python benchmarks/report.py calib.json does it again from a saved JSON).
 The table in jax_swiglu/_selection.py is written from this output by hand, with the run
 cited there.
 """
@@ -14,14 +16,17 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import sys
+import time
 
 import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_swiglu  # noqa: E402  (same folder)
+import report  # noqa: E402
 
 import jax_swiglu  # noqa: E402
 from jax_swiglu import QWEN25_MLPS, _selection  # noqa: E402
@@ -54,6 +59,8 @@ def main(argv=None):
     parser.add_argument("--m", nargs="*", type=int, default=[128, 512, 2048, 8192])
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--out", default="calibration.json")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line for the head of the report; repeatable")
     parser.add_argument(
         "--launches", nargs="*", default=None,
         help="KERNEL:LAUNCH pairs, LAUNCH as in JAX_SWIGLU_CONFIG (e.g. interleaved:0,swizzle=4);"
@@ -65,20 +72,36 @@ def main(argv=None):
     else:
         launches = [tuple(item.split(":", 1)) for item in args.launches]
 
+    start = time.perf_counter()
     rows = []
-    env = bench_swiglu.environment()
+    kernels = {kernel for kernel, _ in launches}
+    result = {"kind": "calibration", "environment": bench_swiglu.environment(),
+              "iterations": args.iterations, "notes": args.note,
+              "launches": [f"{kernel}:{launch}" for kernel, launch in launches],
+              "configs": {kernel: {str(i): dataclasses.asdict(c) for i, c in table.items()}
+                          for kernel, table in jax_swiglu.kernel_configs().items()
+                          if kernel in kernels},
+              "complete": False, "rows": rows}
     key = jax.random.key(0)
     configs = [(model, m) for m in args.m for model in args.models]
+    done = []
     for i, (model, m) in enumerate(configs):
+        began = time.perf_counter()
         row = calibrate(model, m, args.iterations, jax.random.fold_in(key, i), launches)
         rows.append(row)
+        result["complete"] = i + 1 == len(configs)
         with open(args.out, "w") as f:  # after every row: a cut-short run keeps its data
-            json.dump({"environment": env, "rows": rows}, f, indent=1)
+            json.dump(result, f, indent=1)
+        done.append((bench_swiglu.flops(model, m), time.perf_counter() - began))
+        left = bench_swiglu.estimate_remaining_s(
+            done, [bench_swiglu.flops(*config) for config in configs[i + 1:]])
         fused = {name: t for name, t in row["gpu_us"].items() if name != "xla"}
         best = min(fused, key=fused.get)
         print(f"[{i + 1}/{len(configs)}] {model} M={m}: xla {row['gpu_us']['xla']:.1f} us; "
               + ", ".join(f"{name} {t:.1f}" for name, t in fused.items())
-              + f" -> best {best} ({row['gpu_us']['xla'] / fused[best]:.2f}x xla)", flush=True)
+              + f" -> best {best} ({row['gpu_us']['xla'] / fused[best]:.2f}x xla); "
+              f"elapsed {bench_swiglu._hms(time.perf_counter() - start)}, "
+              f"about {bench_swiglu._hms(left)} left", flush=True)
 
     wins = collections.defaultdict(collections.Counter)
     for row in rows:
@@ -87,7 +110,8 @@ def main(argv=None):
     print("\nwinner counts per M:")
     for m in sorted(wins):
         print(f"  M={m}: {dict(wins[m])}")
-    print(f"wrote {args.out}")
+    written = report.write_report(result, os.path.splitext(args.out)[0], source=args.out)
+    print(f"wrote {args.out}" + "".join(f", {path}" for path in written))
 
 
 if __name__ == "__main__":
