@@ -25,20 +25,40 @@ namespace {
 template <ffi::DataType T>
 using ElementTagFor = std::conditional_t<T == ffi::DataType::BF16, BF16, F16>;
 
-// config id -> instantiation. Generated from the one config table.
-template <class ElementTag>
-std::string DispatchInterleaved(int64_t config, const SwigluProblem& problem,
-                                const DeviceFacts& device, cudaStream_t stream) {
-  switch (config) {
+// A kernel family: its name and config id -> instantiation, generated from its table.
+struct Interleaved {
+  static constexpr const char* kName = "interleaved";
+  template <class ElementTag>
+  static std::string Launch(int64_t config, const SwigluProblem& problem,
+                            const DeviceFacts& device, cudaStream_t stream) {
+    switch (config) {
 #define JAX_SWIGLU_DISPATCH_ROW(id, ...) \
   case id:                               \
     return LaunchInterleaved<id, ElementTag>(problem, device, stream);
-    JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_DISPATCH_ROW)
+      JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_DISPATCH_ROW)
 #undef JAX_SWIGLU_DISPATCH_ROW
-    default:
-      return "unknown interleaved kernel config " + std::to_string(config);
+      default:
+        return "unknown interleaved kernel config " + std::to_string(config);
+    }
   }
-}
+};
+
+struct Pingpong {
+  static constexpr const char* kName = "pingpong";
+  template <class ElementTag>
+  static std::string Launch(int64_t config, const SwigluProblem& problem,
+                            const DeviceFacts& device, cudaStream_t stream) {
+    switch (config) {
+#define JAX_SWIGLU_DISPATCH_ROW(id, ...) \
+  case id:                               \
+    return LaunchPingpong<id, ElementTag>(problem, device, stream);
+      JAX_SWIGLU_PINGPONG_CONFIGS(JAX_SWIGLU_DISPATCH_ROW)
+#undef JAX_SWIGLU_DISPATCH_ROW
+      default:
+        return "unknown pingpong kernel config " + std::to_string(config);
+    }
+  }
+};
 
 template <class Dimensions>
 std::string Dims(Dimensions dims) {
@@ -86,10 +106,10 @@ ffi::Error CheckDevice(DeviceFacts* device) {
   return ffi::Error::Success();
 }
 
-template <ffi::DataType T>
-ffi::Error SwigluInterleaved(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
-                             ffi::Result<ffi::Buffer<T>> out, int64_t config, int64_t swizzle,
-                             int64_t raster) {
+template <class Family, ffi::DataType T>
+ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
+                  ffi::Result<ffi::Buffer<T>> out, int64_t config, int64_t swizzle,
+                  int64_t raster) {
   SwigluProblem problem;
   if (ffi::Error err = DescribeProblem(x, packed, *out, &problem); err.failure()) return err;
   if ((swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) || raster < 0 ||
@@ -103,7 +123,7 @@ ffi::Error SwigluInterleaved(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<
   if (problem.m == 0) return ffi::Error::Success();  // nothing to write
   DeviceFacts device;
   if (ffi::Error err = CheckDevice(&device); err.failure()) return err;
-  std::string err = DispatchInterleaved<ElementTagFor<T>>(config, problem, device, stream);
+  std::string err = Family::template Launch<ElementTagFor<T>>(config, problem, device, stream);
   if (!err.empty()) return ffi::Error::Internal("jax_swiglu: " + err);
   return ffi::Error::Success();
 }
@@ -111,8 +131,8 @@ ffi::Error SwigluInterleaved(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<
 }  // namespace
 }  // namespace jax_swiglu
 
-#define JAX_SWIGLU_DEFINE_INTERLEAVED_HANDLER(symbol, dtype)                     \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, jax_swiglu::SwigluInterleaved<dtype>,   \
+#define JAX_SWIGLU_DEFINE_HANDLER(symbol, family, dtype)                         \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, (jax_swiglu::Swiglu<family, dtype>),    \
                                 ffi::Ffi::Bind()                                \
                                     .Ctx<ffi::PlatformStream<cudaStream_t>>()   \
                                     .Arg<ffi::Buffer<dtype>>()                  \
@@ -123,8 +143,10 @@ ffi::Error SwigluInterleaved(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<
                                     .Attr<int64_t>("raster"),                   \
                                 {ffi::Traits::kCmdBufferCompatible})
 
-JAX_SWIGLU_DEFINE_INTERLEAVED_HANDLER(JaxSwigluInterleavedBf16, ffi::DataType::BF16);
-JAX_SWIGLU_DEFINE_INTERLEAVED_HANDLER(JaxSwigluInterleavedF16, ffi::DataType::F16);
+JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleavedBf16, jax_swiglu::Interleaved, ffi::DataType::BF16);
+JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleavedF16, jax_swiglu::Interleaved, ffi::DataType::F16);
+JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluPingpongBf16, jax_swiglu::Pingpong, ffi::DataType::BF16);
+JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluPingpongF16, jax_swiglu::Pingpong, ffi::DataType::F16);
 
 namespace {
 
@@ -143,6 +165,8 @@ struct Target {
 const Target kTargets[] = {
     {"jax_swiglu_interleaved_bf16", "interleaved", "bfloat16", JaxSwigluInterleavedBf16},
     {"jax_swiglu_interleaved_f16", "interleaved", "float16", JaxSwigluInterleavedF16},
+    {"jax_swiglu_pingpong_bf16", "pingpong", "bfloat16", JaxSwigluPingpongBf16},
+    {"jax_swiglu_pingpong_f16", "pingpong", "float16", JaxSwigluPingpongF16},
 };
 
 }  // namespace
@@ -173,18 +197,22 @@ NB_MODULE(_kernels, m) {
   // The compiled tile configurations (ffi/kernel_configs.h), by kernel.
   m.def("kernel_configs", []() {
     nb::list l;
-    for (const auto& c : jax_swiglu::kInterleavedConfigs) {
-      nb::dict d;
-      d["kernel"] = "interleaved";
-      d["id"] = c.id;
-      d["schedule"] = ScheduleName(c.schedule);
-      d["tile_m"] = c.tile_m;
-      d["tile_n"] = c.tile_n;
-      d["tile_k"] = c.tile_k;
-      d["cluster_m"] = c.cluster_m;
-      d["cluster_n"] = c.cluster_n;
-      l.append(d);
-    }
+    auto add = [&l](const char* kernel, const auto& table) {
+      for (const jax_swiglu::KernelConfig& c : table) {
+        nb::dict d;
+        d["kernel"] = kernel;
+        d["id"] = c.id;
+        d["schedule"] = ScheduleName(c.schedule);
+        d["tile_m"] = c.tile_m;
+        d["tile_n"] = c.tile_n;
+        d["tile_k"] = c.tile_k;
+        d["cluster_m"] = c.cluster_m;
+        d["cluster_n"] = c.cluster_n;
+        l.append(d);
+      }
+    };
+    add(jax_swiglu::Interleaved::kName, jax_swiglu::kInterleavedConfigs);
+    add(jax_swiglu::Pingpong::kName, jax_swiglu::kPingpongConfigs);
     return l;
   });
 

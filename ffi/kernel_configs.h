@@ -8,6 +8,8 @@
 // This header is plain C++ (no CUDA, no CUTLASS) so the nanobind module can include it.
 #pragma once
 
+#include <cstddef>
+
 // Interleaved kernel: one GEMM over [M, 2N, K] on the packed gate/up matrix.
 //   tile_n counts packed columns (gate + up); the output tile is tile_n / 2 wide.
 //   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n)
@@ -19,6 +21,15 @@
 
 // CMake reads this count to generate one translation unit per (config, dtype).
 #define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 4
+
+// Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
+// pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the
+// accumulator is [gate | up], tile_n / 2 output columns, each pass tile_n / 2 wide.
+//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n)
+#define JAX_SWIGLU_PINGPONG_CONFIGS(X) \
+  X(0, Pingpong, 128, 128, 64, 1, 1)
+
+#define JAX_SWIGLU_NUM_PINGPONG_CONFIGS 1
 
 namespace jax_swiglu {
 
@@ -36,23 +47,29 @@ struct KernelConfig {
   int cluster_m, cluster_n;
 };
 
-inline constexpr KernelConfig kInterleavedConfigs[] = {
 #define JAX_SWIGLU_CONFIG_ROW(id, schedule, tm, tn, tk, cm, cn) \
   KernelConfig{id, Schedule::schedule, tm, tn, tk, cm, cn},
-    JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_CONFIG_ROW)
+inline constexpr KernelConfig kInterleavedConfigs[] = {
+    JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
+inline constexpr KernelConfig kPingpongConfigs[] = {
+    JAX_SWIGLU_PINGPONG_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
 #undef JAX_SWIGLU_CONFIG_ROW
-};
 
 static_assert(sizeof(kInterleavedConfigs) / sizeof(KernelConfig) ==
                   JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS,
               "JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS must match the table");
+static_assert(sizeof(kPingpongConfigs) / sizeof(KernelConfig) == JAX_SWIGLU_NUM_PINGPONG_CONFIGS,
+              "JAX_SWIGLU_NUM_PINGPONG_CONFIGS must match the table");
 
-constexpr bool ConfigIdsAreRowIndices() {
-  for (int i = 0; i < JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS; ++i) {
-    if (kInterleavedConfigs[i].id != i) return false;
+template <size_t N>
+constexpr bool ConfigIdsAreRowIndices(const KernelConfig (&table)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    if (table[i].id != static_cast<int>(i)) return false;
   }
   return true;
 }
-static_assert(ConfigIdsAreRowIndices(), "config ids must be 0, 1, 2, ... in table order");
+static_assert(ConfigIdsAreRowIndices(kInterleavedConfigs) &&
+                  ConfigIdsAreRowIndices(kPingpongConfigs),
+              "config ids must be 0, 1, 2, ... in table order");
 
 }  // namespace jax_swiglu

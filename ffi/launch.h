@@ -44,6 +44,10 @@ struct DeviceFacts {
 template <int ConfigId, class Element>
 std::string LaunchInterleaved(const SwigluProblem& problem, const DeviceFacts& device,
                               cudaStream_t stream);
+// The same for the pingpong (gate-then-up) kernel.
+template <int ConfigId, class Element>
+std::string LaunchPingpong(const SwigluProblem& problem, const DeviceFacts& device,
+                           cudaStream_t stream);
 // Fills `facts` for the current device; returns an error message or "".
 std::string CurrentDeviceFacts(DeviceFacts* facts);
 

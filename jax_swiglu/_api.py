@@ -35,8 +35,8 @@ def swiglu(x, packed, *, kernel: str = "auto"):
       x: ``[..., K]`` bfloat16 or float16; leading dimensions are folded into M. A rank-1
         ``x`` is one token (``[K] -> [N]``), as with ``x @ W``.
       packed: :class:`PackedWeights` from :func:`pack_weights`, same dtype as ``x``.
-      kernel: ``"auto"`` (the selection table, by M), ``"interleaved"`` or ``"xla"``
-        (the plain XLA path). ``JAX_SWIGLU_KERNEL`` sets the same globally.
+      kernel: ``"auto"`` (the selection table, by M and N), ``"interleaved"``,
+        ``"pingpong"`` or ``"xla"`` (the plain XLA path). ``JAX_SWIGLU_KERNEL`` sets the same globally.
 
     Returns:
       ``[..., N]`` in ``x.dtype``: products accumulated in fp32, SiLU and product in fp32,

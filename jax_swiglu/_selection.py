@@ -18,7 +18,7 @@ import numpy as np
 from . import _native
 
 # Public names of the implementations. "xla" is the plain XLA reference path.
-KERNELS = ("interleaved", "xla")
+KERNELS = ("interleaved", "pingpong", "xla")
 KERNEL_CHOICES = ("auto",) + KERNELS
 ENV_VAR = "JAX_SWIGLU_KERNEL"
 # Tuning knob: forces the launch of the fused kernel chosen, as "<config id>" (an id of

@@ -67,6 +67,16 @@ def test_table_rows_are_reachable():
     assert used == set(_selection.SELECTION_TABLE)
 
 
+@pytest.mark.parametrize("dtype, suffix", [(jnp.bfloat16, "bf16"), (jnp.float16, "f16")])
+def test_every_kernel_can_be_forced(dtype, suffix):
+    for kernel in jax_swiglu.KERNELS:
+        if kernel == "xla":
+            continue
+        hlo = cuda_hlo(lambda x, p: swiglu(x, p, kernel=kernel), _x(4096, dtype=dtype),
+                       _packed(dtype=dtype))
+        assert [t for t, _ in custom_calls(hlo)] == [f"jax_swiglu_{kernel}_{suffix}"]
+
+
 def test_float16_target():
     hlo = cuda_hlo(swiglu, _x(32, dtype=jnp.float16), _packed(dtype=jnp.float16))
     assert [t for t, _ in custom_calls(hlo)] == ["jax_swiglu_interleaved_f16"]

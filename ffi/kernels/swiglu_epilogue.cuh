@@ -2,11 +2,9 @@
 //
 // The GEMM computes an accumulator tile over packed gate/up columns (tile_n packed
 // columns). This epilogue pairs every gate accumulator with its up accumulator, which sit
-// in the same thread's registers (the packed layout puts up column n exactly
-// kGateUpBlock packed columns after gate column n, and a wgmma accumulator fragment keeps
-// each 8-column block of a row in one thread), computes SiLU(g) * u in fp32, rounds once,
-// and writes a half-width [tile_m, tile_n / 2] output tile: registers -> swizzled shared
-// memory -> one TMA store. The store is not waited for: the next tile's mainloop runs
+// in the same thread's registers (where exactly is the `Pairs` policy below: one per
+// kernel), combines them in fp32 (SiLU(g) * u), rounds once, and writes a half-width
+// [tile_m, tile_n / 2] output tile: registers -> swizzled shared memory -> one TMA store. The store is not waited for: the next tile's mainloop runs
 // while it drains, and only the next epilogue (or the kernel's store_tail) waits for it
 // before reusing the shared-memory tile. The [M, 2N] product never reaches HBM.
 //
@@ -25,18 +23,48 @@
 
 namespace jax_swiglu {
 
-// SiLU(g) * u in fp32, with the fast hardware exp2 and reciprocal (MUFU): about 2 ulp,
-// far inside the 1% budget, and no IEEE-division slow path, whose subroutine call would
-// spill registers next to 128 live accumulators. Limits match the reference: for very
-// negative g, 1 + exp(-g) = inf and the reciprocal is 0, so SiLU(g) = -0; SiLU(-inf) and
-// NaN give NaN.
-CUTLASS_DEVICE float SiluTimes(float gate, float up) {
+// SiLU(g) in fp32, with the fast hardware exp2 and reciprocal (MUFU): about 2 ulp, far
+// inside the 1% budget, and no IEEE-division slow path, whose subroutine call would spill
+// registers next to 128 live accumulators. Limits match the reference: for very negative
+// g, 1 + exp(-g) = inf and the reciprocal is 0, so SiLU(g) = -0; SiLU(-inf) and NaN give NaN.
+CUTLASS_DEVICE float Silu(float gate) {
   float sigmoid;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(sigmoid) : "f"(1.0f + __expf(-gate)));
-  return gate * sigmoid * up;
+  return gate * sigmoid;
 }
 
-template <class ElementD_, class CtaTileShape_>
+// Where a thread's gate and up accumulators pair up, for each kernel. Accumulator
+// fragments of a wgmma are ((2 adjacent columns, 2 rows 8 apart, blocks of 8 columns),
+// MMA_M, MMA_N); a policy says which (block, mma_n) hold gate values, where their up
+// partners are, which output column a gate's tile-local packed column is, and how the
+// pair combines.
+
+// Interleaved kernel: one atom spans [gate block | up block | ...] of 64 columns each, so
+// the up partner of gate block b is block b + 8 of the same atom, and SiLU is still due.
+struct InterleavedPairs {
+  static constexpr int kBlocksPerHalf = kGateUpBlock / 8;
+  CUTLASS_HOST_DEVICE static constexpr bool IsGate(int block, int /*mma_n*/) {
+    return (block / kBlocksPerHalf) % 2 == 0;
+  }
+  CUTLASS_HOST_DEVICE static constexpr int UpBlock(int block) { return block + kBlocksPerHalf; }
+  CUTLASS_HOST_DEVICE static constexpr int UpMmaN(int mma_n) { return mma_n; }
+  CUTLASS_HOST_DEVICE static int OutputColumn(int packed_n) {
+    return (packed_n / (2 * kGateUpBlock)) * kGateUpBlock + packed_n % kGateUpBlock;
+  }
+  CUTLASS_DEVICE static float Combine(float gate, float up) { return Silu(gate) * up; }
+};
+
+// Gate-then-up (pingpong) kernel: the gate pass accumulates into MMA_N index 0 and the up
+// pass into index 1, and the mainloop has already replaced the gate values by SiLU(g).
+struct SequentialPairs {
+  CUTLASS_HOST_DEVICE static constexpr bool IsGate(int /*block*/, int mma_n) { return mma_n == 0; }
+  CUTLASS_HOST_DEVICE static constexpr int UpBlock(int block) { return block; }
+  CUTLASS_HOST_DEVICE static constexpr int UpMmaN(int /*mma_n*/) { return 1; }
+  CUTLASS_HOST_DEVICE static int OutputColumn(int packed_n) { return packed_n; }
+  CUTLASS_DEVICE static float Combine(float silu_gate, float up) { return silu_gate * up; }
+};
+
+template <class ElementD_, class CtaTileShape_, class Pairs = InterleavedPairs>
 class SwiGluEpilogue {
  public:
   using ElementD = ElementD_;
@@ -159,15 +187,17 @@ class SwiGluEpilogue {
     static_assert(size<0>(TileShapeMNK{}) == kTileM && size<1>(TileShapeMNK{}) == kTilePacked);
     static_assert(is_same_v<typename AccEngine::value_type, float>, "fp32 accumulators");
 
-    // A wgmma fp32 accumulator fragment is ((2 adjacent columns, 2 rows 8 apart,
-    // blocks of 8 columns), MMA_M, MMA_N). A gate block b pairs with up block
-    // b + kGateUpBlock / 8 of the same atom.
+    // A wgmma fp32 accumulator fragment: ((2 adjacent columns, 2 rows 8 apart, blocks of
+    // 8 columns), MMA_M, MMA_N); `Pairs` says where gate and up values sit in it.
     static_assert(rank(AccLayout{}) == 3 && rank<0>(AccLayout{}) == 3);
     static_assert(size<0, 0>(AccLayout{}) == 2 && size<0, 1>(AccLayout{}) == 2);
     constexpr int kBlocks = size<0, 2>(AccLayout{});
-    constexpr int kBlocksPerHalf = kGateUpBlock / 8;
-    static_assert(kBlocks % (2 * kBlocksPerHalf) == 0,
-                  "an MMA atom must hold whole gate/up block pairs");
+    if constexpr (is_same_v<Pairs, InterleavedPairs>) {
+      static_assert(kBlocks % (2 * InterleavedPairs::kBlocksPerHalf) == 0,
+                    "an MMA atom must hold whole gate/up block pairs");
+    } else {
+      static_assert(size<2>(AccLayout{}) == 2, "gate and up accumulators: MMA_N is 2");
+    }
 
     constexpr int kThreads = size(TiledMma{});
     auto sync_epilogue_threads = [] {
@@ -182,8 +212,13 @@ class SwiGluEpilogue {
     sync_epilogue_threads();
 
     Tensor sD = make_tensor(make_smem_ptr(shared_tensors.smem_d.begin()), SmemLayoutD{});
-    // (m, packed n) tile coordinate of every accumulator this thread holds.
-    Tensor tAcc_coord = tiled_mma.get_slice(thread_idx)
+    // (m, packed n) tile coordinate of every accumulator this thread holds. The thread
+    // index goes through an opaque move first: otherwise the compiler hoists these
+    // loop-invariant addresses out of the persistent tile loop, and they sit in registers
+    // through every mainloop, next to the accumulators (spilling in the pingpong kernel).
+    int opaque_thread_idx;
+    asm volatile("mov.b32 %0, %1;" : "=r"(opaque_thread_idx) : "r"(thread_idx));
+    Tensor tAcc_coord = tiled_mma.get_slice(opaque_thread_idx)
                             .partition_C(make_identity_tensor(take<0, 2>(tile_shape_mnk)));
     static_assert(decltype(size(tAcc_coord))::value == decltype(size(accumulators))::value);
 
@@ -197,22 +232,21 @@ class SwiGluEpilogue {
         for (int row = 0; row < 2; ++row) {
           CUTLASS_PRAGMA_UNROLL
           for (int block = 0; block < kBlocks; ++block) {
-            if ((block / kBlocksPerHalf) % 2 != 0) continue;  // an up block
-            const int up_block = block + kBlocksPerHalf;
+            if (!Pairs::IsGate(block, mma_n)) continue;
+            const int up_block = Pairs::UpBlock(block), up_mma_n = Pairs::UpMmaN(mma_n);
             auto gate0 = make_coord(make_coord(0, row, block), mma_m, mma_n);
             auto gate1 = make_coord(make_coord(1, row, block), mma_m, mma_n);
-            auto up0 = make_coord(make_coord(0, row, up_block), mma_m, mma_n);
-            auto up1 = make_coord(make_coord(1, row, up_block), mma_m, mma_n);
+            auto up0 = make_coord(make_coord(0, row, up_block), mma_m, up_mma_n);
+            auto up1 = make_coord(make_coord(1, row, up_block), mma_m, up_mma_n);
 
             cutlass::Array<float, 2> value;
-            value[0] = SiluTimes(accumulators(gate0), accumulators(up0));
-            value[1] = SiluTimes(accumulators(gate1), accumulators(up1));
+            value[0] = Pairs::Combine(accumulators(gate0), accumulators(up0));
+            value[1] = Pairs::Combine(accumulators(gate1), accumulators(up1));
             cutlass::Array<ElementD, 2> rounded = convert(value);
 
             auto coord = tAcc_coord(gate0);
             int m = get<0>(coord);
-            int packed_n = get<1>(coord);
-            int n = (packed_n / (2 * kGateUpBlock)) * kGateUpBlock + packed_n % kGateUpBlock;
+            int n = Pairs::OutputColumn(get<1>(coord));
             // Columns n and n + 1 (n even) share one 4-byte word under the swizzle.
             *reinterpret_cast<uint32_t*>(&sD(m, n)) =
                 reinterpret_cast<uint32_t const&>(rounded);

@@ -1,0 +1,91 @@
+// Launching an assembled CUTLASS 3.x GemmUniversal kernel: what every fused kernel shares.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cutlass/cutlass.h>
+#include <cutlass/device_kernel.h>
+#include <cutlass/numeric_types.h>
+
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "../launch.h"
+
+namespace jax_swiglu {
+
+template <class Tag>
+struct CutlassElement;
+template <>
+struct CutlassElement<BF16> {
+  using type = cutlass::bfloat16_t;
+};
+template <>
+struct CutlassElement<F16> {
+  using type = cutlass::half_t;
+};
+
+// Raises the kernel's dynamic shared-memory limit once per device (a function attribute
+// is per device; setting it is a host call, kept out of the per-call path).
+template <class Kernel>
+cudaError_t EnsureSharedMemoryLimit(int device) {
+  static std::mutex mutex;
+  static std::set<int> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.count(device)) return cudaSuccess;
+  cudaError_t err = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Kernel::SharedStorageSize);
+  if (err == cudaSuccess) done.insert(device);
+  return err;
+}
+
+// Applies the problem's tile order, checks, builds the params (TMA descriptors) and
+// launches `Kernel` with its cluster shape on `stream`. No allocation, no synchronization.
+template <class Kernel>
+std::string LaunchGemm(typename Kernel::Arguments args, const SwigluProblem& p,
+                       const DeviceFacts& facts, dim3 cluster_dims, cudaStream_t stream,
+                       const char* kernel_name) {
+  using RasterOrder = typename Kernel::TileScheduler::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrder::AlongM
+                                : p.raster == 2 ? RasterOrder::AlongN
+                                                : RasterOrder::Heuristic;
+  const std::string name(kernel_name);
+  if (!Kernel::can_implement(args)) {
+    return name + " kernel cannot implement M=" + std::to_string(p.m) + " N=" +
+           std::to_string(p.n) + " K=" + std::to_string(p.k) +
+           " (K and N must be multiples of 8, buffers 16-byte aligned)";
+  }
+  if (Kernel::get_workspace_size(args) != 0) {
+    return name + " kernel unexpectedly needs a workspace";
+  }
+
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+  if (cudaError_t err = EnsureSharedMemoryLimit<Kernel>(facts.device); err != cudaSuccess) {
+    return std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(err);
+  }
+
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = cluster_dims.x;
+  cluster.val.clusterDim.y = cluster_dims.y;
+  cluster.val.clusterDim.z = cluster_dims.z;
+
+  cudaLaunchConfig_t launch{};
+  launch.gridDim = Kernel::get_grid_shape(params);
+  launch.blockDim = Kernel::get_block_shape();
+  launch.dynamicSmemBytes = Kernel::SharedStorageSize;
+  launch.stream = stream;
+  launch.attrs = &cluster;
+  launch.numAttrs = 1;
+
+  cudaError_t err = cudaLaunchKernelEx(&launch, cutlass::device_kernel<Kernel>, params);
+  if (err != cudaSuccess) {
+    return name + " kernel launch failed: " + cudaGetErrorString(err);
+  }
+  return {};
+}
+
+}  // namespace jax_swiglu

@@ -1,0 +1,67 @@
+// The pingpong fused SwiGLU kernel (Kernel-1 of the design).
+//
+// CUTLASS's SM90 TMA warp-specialized pingpong GemmUniversal kernel (a producer warp
+// loading with TMA; two consumer warpgroups alternating between a tile's mainloop and the
+// previous tile's epilogue) with our parts: the gate-then-up mainloop
+// (gate_then_up_mainloop.cuh) and the SwiGLU epilogue pairing gate and up accumulators
+// (SequentialPairs). The grid is the [M, N] output grid.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/kernel_hardware_info.hpp>
+
+#include <algorithm>
+#include <string>
+
+#include "../kernel_configs.h"
+#include "../launch.h"
+#include "gate_then_up_mainloop.cuh"
+#include "launch_gemm.cuh"
+#include "swiglu_epilogue.cuh"
+
+namespace jax_swiglu {
+
+template <int ConfigId, class ElementTag>
+struct PingpongKernel {
+  static constexpr KernelConfig kConfig = kPingpongConfigs[ConfigId];
+  static_assert(kConfig.schedule == Schedule::Pingpong && kConfig.cluster_m == 1 &&
+                kConfig.cluster_n == 1, "Kernel-1 runs the pingpong schedule without clusters");
+  using Element = typename CutlassElement<ElementTag>::type;
+  using TileShape = cute::Shape<cute::Int<kConfig.tile_m>, cute::Int<kConfig.tile_n>,
+                                cute::Int<kConfig.tile_k>>;
+  using Epilogue = SwiGluEpilogue<Element, TileShape, SequentialPairs>;
+
+  // As many pipeline stages as fit beside the epilogue tile (and the kernel's barriers).
+  static constexpr int kSharedBytes = 227 * 1024;
+  static constexpr int kStageBytes =
+      (kConfig.tile_m + kConfig.tile_n / 2) * kConfig.tile_k * static_cast<int>(sizeof(Element));
+  static constexpr int kStages =
+      std::min(8, (kSharedBytes - Epilogue::kSharedBytes - 1024) / kStageBytes);
+  static_assert(kStages >= 3, "tile too large for a useful pipeline");
+
+  using Mainloop = GateThenUpMainloop<Element, TileShape, kStages>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
+                                                      Epilogue, cutlass::gemm::PersistentScheduler>;
+};
+
+template <int ConfigId, class ElementTag>
+std::string LaunchPingpong(const SwigluProblem& p, const DeviceFacts& facts,
+                           cudaStream_t stream) {
+  using Assembly = PingpongKernel<ConfigId, ElementTag>;
+  using Kernel = typename Assembly::Kernel;
+  using Element = typename Assembly::Element;
+  typename Kernel::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed), static_cast<int>(p.k), 1},
+      {static_cast<Element const*>(p.x), static_cast<Element const*>(p.packed)},
+      {static_cast<Element*>(p.out), static_cast<int>(p.n)},
+      cutlass::KernelHardwareInfo{facts.device, facts.sm_count},
+      {}};
+  return LaunchGemm<Kernel>(args, p, facts, dim3(1, 1, 1), stream, "pingpong");
+}
+
+}  // namespace jax_swiglu
