@@ -218,4 +218,5 @@ def test_calibrate_main_writes_the_run(tmp_path, monkeypatch):
         assert "Configs (ffi/kernel_configs.h, as run): 0 = " in md
         calibrate.main(["--models", "qwen2.5-0.5b", "--m", "128", "--out", str(out)])
         md = (tmp_path / "calibration.md").read_text()
-        assert "Calibration run: every interleaved tile config forced" in md
+        kernels = ", ".join(jax_swiglu.kernel_configs())
+        assert f"Calibration run: every {kernels} tile config forced" in md
