@@ -25,21 +25,26 @@ namespace {
 template <ffi::DataType T>
 using ElementTagFor = std::conditional_t<T == ffi::DataType::BF16, BF16, F16>;
 
-// A kernel family: its name and config id -> instantiation, generated from its table.
+// Runtime config id -> the instantiation `launch(std::integral_constant<int, id>)`.
+template <int Id, int Count, class Launch>
+std::string DispatchConfig(const char* kernel, int64_t config, Launch&& launch) {
+  if constexpr (Id == Count) {
+    return std::string("unknown ") + kernel + " kernel config " + std::to_string(config);
+  } else {
+    if (config == Id) return launch(std::integral_constant<int, Id>{});
+    return DispatchConfig<Id + 1, Count>(kernel, config, launch);
+  }
+}
+
+// The kernel families: name, and config id -> launch, over each one's config table.
 struct Interleaved {
   static constexpr const char* kName = "interleaved";
   template <class ElementTag>
   static std::string Launch(int64_t config, const SwigluProblem& problem,
                             const DeviceFacts& device, cudaStream_t stream) {
-    switch (config) {
-#define JAX_SWIGLU_DISPATCH_ROW(id, ...) \
-  case id:                               \
-    return LaunchInterleaved<id, ElementTag>(problem, device, stream);
-      JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_DISPATCH_ROW)
-#undef JAX_SWIGLU_DISPATCH_ROW
-      default:
-        return "unknown interleaved kernel config " + std::to_string(config);
-    }
+    return DispatchConfig<0, JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS>(kName, config, [&](auto id) {
+      return LaunchInterleaved<decltype(id)::value, ElementTag>(problem, device, stream);
+    });
   }
 };
 
@@ -48,15 +53,9 @@ struct Pingpong {
   template <class ElementTag>
   static std::string Launch(int64_t config, const SwigluProblem& problem,
                             const DeviceFacts& device, cudaStream_t stream) {
-    switch (config) {
-#define JAX_SWIGLU_DISPATCH_ROW(id, ...) \
-  case id:                               \
-    return LaunchPingpong<id, ElementTag>(problem, device, stream);
-      JAX_SWIGLU_PINGPONG_CONFIGS(JAX_SWIGLU_DISPATCH_ROW)
-#undef JAX_SWIGLU_DISPATCH_ROW
-      default:
-        return "unknown pingpong kernel config " + std::to_string(config);
-    }
+    return DispatchConfig<0, JAX_SWIGLU_NUM_PINGPONG_CONFIGS>(kName, config, [&](auto id) {
+      return LaunchPingpong<decltype(id)::value, ElementTag>(problem, device, stream);
+    });
   }
 };
 
