@@ -8,10 +8,12 @@
 #   4. the demo (python -m jax_swiglu.demo) and
 #   5. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite;
 #      BENCH=0 skips it),
-#   6. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS).
+#   6. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS),
+#   7. with SANITIZE=1, scripts/sanitize.sh (compute-sanitizer; TOOLS, TOOL_TIMEOUT pass
+#      through), its summary appended to summary.txt and its logs joined in sanitize.log.
 # Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
-# gpu_report.jsonl (per-case errors), demo.log, the benchmark's JSON + markdown and
-# calibration.json.
+# gpu_report.jsonl (per-case errors), demo.log, the benchmark's JSON + markdown,
+# calibration.json and sanitize.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
@@ -48,8 +50,9 @@ grep -E "Compiling entry function|spill stores|Used [0-9]+ registers" "$OUT/buil
 echo "== tests" | tee -a "$SUMMARY"
 rm -f "$OUT/gpu_report.jsonl"
 # XLA's GEMM autotuning only slows the fp32 references down here; the kernels don't use it.
-XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
+# (No comment line may sit inside this continued command: it would end it.)
 # shellcheck disable=SC2086
+XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
 JAX_SWIGLU_GPU_REPORT="$OUT/gpu_report.jsonl" "$PY" -m pytest -q -rs --durations=8 ${PYTEST_ARGS:--m gpu tests} 2>&1 \
   | tee "$OUT/pytest.log" | tail -5
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -81,6 +84,19 @@ if [ "${CALIBRATE:-0}" = 1 ]; then
   "$PY" benchmarks/calibrate.py ${CALIBRATE_ARGS:-} --out "$OUT/calibration.json" 2>&1 | tail -40 \
     | tee -a "$SUMMARY"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ "${SANITIZE:-0}" = 1 ]; then
+  echo "== sanitize" | tee -a "$SUMMARY"
+  rm -rf "$OUT/sanitize"
+  OUT="$OUT/sanitize" PYTHON="$PY" scripts/sanitize.sh 2>&1 | tee -a "$SUMMARY"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  # One file instead of one per tool: few files come back from a device machine.
+  for f in "$OUT"/sanitize/summary.txt "$OUT"/sanitize/*.log; do
+    [ -f "$f" ] && { echo "=== $(basename "$f")"; cat "$f"; }
+  done > "$OUT/sanitize.log"
+  rm -rf "$OUT/sanitize"
+  if [ "$(stat -c %s "$OUT/sanitize.log")" -gt $((15 << 20)) ]; then gzip -f "$OUT/sanitize.log"; fi
 fi
 
 echo "== done, status $status" | tee -a "$SUMMARY"

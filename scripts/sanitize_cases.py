@@ -1,0 +1,442 @@
+#!/usr/bin/env python3
+"""The fused kernels on edge shapes, for compute-sanitizer (driven by scripts/sanitize.sh).
+
+    python scripts/sanitize_cases.py plan                  # every tool's cases
+    python scripts/sanitize_cases.py run --tool memcheck   # run one tool's cases (under the tool)
+    python scripts/sanitize_cases.py report --tool memcheck LOG   # one summary line; exit status
+
+``run`` calls every fused kernel in every compiled tile config (forced with
+``JAX_SWIGLU_CONFIG``, read when a function is lowered, hence ``jax.clear_caches()`` between
+configs) on the cases of ``PLANS``: partial tiles in M on the smallest and the largest Qwen2.5
+MLP. It prints ``CASE ...`` before each call and ``OK``/``WRONG`` after it, then ``DONE``.
+Each result is also checked against a host fp32 reference (the criterion of tests/test_gpu.py),
+so a hazard that corrupts the output shows up even when the tool says nothing. Inputs are
+made on the host and copied over, and the reference is computed on the host, so the only
+device work is the kernel, one fill (the NaN poison the output is written into) and copies:
+no XLA GEMM (cuBLAS kernels can be named ``cutlass*`` too) runs under the tool.
+
+``report`` reads the tool's output (compute-sanitizer's ``=========`` lines mixed with the
+driver's) and sorts every finding: *ours* when the kernel it names contains ``jax_swiglu``,
+``SwiGluEpilogue``, ``GemmUniversal`` or ``cutlass`` (or, for a failing CUDA call, when our
+launcher is in its host backtrace); *other* otherwise (XLA's own kernels, runtime calls that
+XLA expects to fail). Exit status: 0 clean (findings in other code are listed, not failed),
+1 a finding in our kernels or a wrong result, 2 incomplete (the run did not finish, the
+tool failed, or errors went unprinted) with nothing found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+import time
+
+# compute-sanitizer tracks each device allocation: keep XLA from preallocating most of the
+# GPU (the tool needs room for its shadow memory) and give every buffer its own allocation
+# (XLA's BFC allocator carves buffers out of large blocks, so an overrun into a neighbouring
+# buffer would be invisible to memcheck). No autotuning (it would run and check many
+# kernels that are not ours) and no command buffers (direct launches, simpler backtraces).
+# Read when the backend starts, so set before jax is imported.
+SANITIZER_ENV = {
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+    "XLA_PYTHON_CLIENT_ALLOCATOR": "platform",
+}
+SANITIZER_XLA_FLAGS = ("--xla_gpu_autotune_level=0", "--xla_gpu_enable_command_buffer=")
+
+EDGE_M = (1, 63, 65, 129)  # one row; around the 64-row (pingpong) and 128-row tiles
+SMALL, LARGE = "qwen2.5-0.5b", "qwen2.5-72b"  # (896, 4864) and (8192, 29568)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    m_values: tuple[int, ...]
+    models: tuple[str, ...]
+    why: str
+
+
+PLANS = {
+    "memcheck": Plan(EDGE_M, (SMALL, LARGE), "out-of-bounds and misaligned accesses"),
+    "synccheck": Plan(EDGE_M, (SMALL, LARGE), "invalid use of barriers"),
+    "initcheck": Plan((1, 65), (SMALL, LARGE), "reads of uninitialized global memory"),
+    # racecheck instruments every shared-memory access and is by far the slowest tool:
+    # one partial and one single-row tile, small shape only.
+    "racecheck": Plan((1, 65), (SMALL,), "shared-memory hazards (slowest tool: fewest cases)"),
+}
+
+OURS = re.compile(r"jax_swiglu|SwiGluEpilogue|GemmUniversal|cutlass", re.IGNORECASE)
+OUR_LAUNCHER = re.compile(r"jax_swiglu::|/jax_swiglu/_kernels")
+PREFIX = "========="
+
+
+# --- run ------------------------------------------------------------------------------------
+
+def _set_sanitizer_env() -> None:
+    for name, value in SANITIZER_ENV.items():
+        os.environ.setdefault(name, value)
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    for flag in SANITIZER_XLA_FLAGS:
+        if not any(f.split("=")[0] == flag.split("=")[0] for f in flags):
+            flags.append(flag)
+    os.environ["XLA_FLAGS"] = " ".join(flags)
+
+
+def _host_inputs(k: int, n: int, m_max: int, seed: int):
+    """x [m_max, K] and packed [K, 2 N_pad] (bf16, unit-variance products), and the fp32
+    reference SiLU(x @ Wg) * (x @ Wu) [m_max, N] from the same rounded values."""
+    import ml_dtypes
+    import numpy as np
+
+    from jax_swiglu import _layout
+
+    rng = np.random.default_rng(seed)
+    n_pad = _layout.padded_n(n)
+
+    def uniform(shape, scale):  # unit variance before scaling; faster than normal
+        a = rng.random(shape, dtype=np.float32)
+        a -= 0.5
+        a *= np.float32(np.sqrt(12.0) * scale)
+        return a.astype(ml_dtypes.bfloat16)
+
+    x = uniform((m_max, k), 1.0)
+    packed = uniform((k, 2 * n_pad), 1.0 / np.sqrt(k))
+    if n % _layout.GATE_UP_BLOCK:  # padded columns are zero, as pack_weights makes them
+        pairs = packed.reshape(k, n_pad // _layout.GATE_UP_BLOCK, 2, _layout.GATE_UP_BLOCK)
+        pairs[:, -1, :, n % _layout.GATE_UP_BLOCK:] = 0  # (a view: writes into packed)
+    acc = x.astype(np.float32) @ packed.astype(np.float32)  # [m_max, 2 N_pad]
+    pairs = acc.reshape(m_max, n_pad // _layout.GATE_UP_BLOCK, 2, _layout.GATE_UP_BLOCK)
+    gate = pairs[:, :, 0, :].reshape(m_max, n_pad)[:, :n]
+    up = pairs[:, :, 1, :].reshape(m_max, n_pad)[:, :n]
+    with np.errstate(over="ignore"):
+        reference = gate / (1.0 + np.exp(-gate)) * up
+    return x, packed, reference
+
+
+def check(y, reference):
+    """(elements off, relative Frobenius error): the criterion of tests/test_gpu.py."""
+    import numpy as np
+
+    y = np.asarray(y, np.float32)
+    diff = np.abs(y - reference)
+    ok = diff <= 0.01 * np.abs(reference) + 1e-3  # False for NaN: unwritten elements count
+    rel_fro = float(np.linalg.norm(np.nan_to_num(y - reference, nan=np.inf))
+                    / np.linalg.norm(reference))
+    return int(np.sum(~ok)), rel_fro
+
+
+def lowered_config(text: str) -> int | None:
+    """The tile config of the (one) fused custom call in StableHLO text, None if none."""
+    calls = [line for line in text.splitlines() if "custom_call @jax_swiglu_" in line]
+    found = [re.search(r"\bconfig = (\d+) : i64", line) for line in calls]
+    configs = {int(f.group(1)) for f in found if f}
+    if len(configs) > 1:
+        raise AssertionError(f"several configs in one function: {sorted(configs)}")
+    return configs.pop() if configs else None
+
+
+def run(tool: str, m_values, models, allow_reference: bool) -> int:
+    _set_sanitizer_env()
+    import jax
+    import jax.numpy as jnp
+
+    import jax_swiglu
+    from jax_swiglu import _selection
+
+    print(f"jax {jax.__version__}, devices {jax.devices()}, " + ", ".join(
+        f"{name}={os.environ.get(name, '')!r}" for name in (*SANITIZER_ENV, "XLA_FLAGS")))
+    unusable = _selection.kernels_unusable_reason()
+    if unusable and not allow_reference:
+        print(f"SETUP the fused kernels cannot run here: {unusable}")
+        return 2
+    kernels = [k for k in jax_swiglu.KERNELS if k != "xla"]
+    configs = jax_swiglu.kernel_configs()
+    if not all(configs.get(kernel) for kernel in kernels):
+        print(f"SETUP no compiled tile configs for {kernels}: {jax_swiglu.unavailable_reason()}")
+        return 2
+    if unusable:
+        print(f"NOTE reference path only ({unusable}); configs are checked in the CUDA lowering")
+
+    def fused(kernel, n):
+        # The NaN-filled first argument is donated and aliased to the output, so an element
+        # the kernel skips stays NaN (see tests/test_gpu.py).
+        return jax.jit(
+            lambda poison, x, data: jax_swiglu.swiglu(
+                x, jax_swiglu.PackedWeights(data, n), kernel=kernel),
+            donate_argnums=0, keep_unused=True)
+
+    data = {}
+    for model in models:
+        k, n = jax_swiglu.QWEN25_MLPS[model]
+        start = time.time()
+        x, packed, reference = _host_inputs(k, n, max(m_values), seed=len(data))
+        data[model] = (k, n, x, jax.device_put(packed), reference)
+        print(f"inputs {model} K={k} N={n}: {time.time() - start:.1f} s")
+
+    planned = sum(len(configs[kernel]) for kernel in kernels) * len(models) * len(m_values)
+    print(f"PLAN tool={tool} cases={planned}")
+    cases = wrong = 0
+    env = _selection.CONFIG_ENV_VAR
+    for kernel in kernels:
+        for config in sorted(configs[kernel]):
+            os.environ[env] = str(config)
+            jax.clear_caches()  # the config is read when a function is lowered
+            for model in models:
+                k, n, x_all, packed, reference = data[model]
+                fn = fused(kernel, n)
+                for m in m_values:
+                    cases += 1
+                    label = f"tool={tool} kernel={kernel} config={config} {model} m={m} k={k} n={n}"
+                    print(f"CASE {label}")
+                    start = time.time()
+                    try:
+                        x = jax.device_put(x_all[:m])
+                        poison = jnp.full((m, n), jnp.nan, x.dtype)
+                        lowered = lowered_config(fn.trace(poison, x, packed).lower(
+                            lowering_platforms=("cuda",)).as_text())
+                        if lowered != config:
+                            raise AssertionError(f"the CUDA lowering uses config {lowered}")
+                        y = jax.block_until_ready(fn(poison, x, packed))
+                        off, rel_fro = check(y, reference[:m])
+                        verdict = "OK" if off == 0 and rel_fro < 1e-2 else "WRONG"
+                        detail = f"off={off} rel_fro={rel_fro:.3g}"
+                    except Exception as error:  # noqa: BLE001 (reported, counted, carried on)
+                        message = " ".join(str(error).split())[:500]  # one line
+                        verdict, detail = "WRONG", f"{type(error).__name__}: {message}"
+                    wrong += verdict == "WRONG"
+                    print(f"{verdict} {label} {detail} ({time.time() - start:.1f} s)")
+    os.environ.pop(env, None)
+    print(f"DONE tool={tool} cases={cases} wrong={wrong}")
+    return 1 if wrong else 0
+
+
+# --- report ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Finding:
+    kind: str  # "device", "race", "api"
+    header: str
+    lines: list[str]
+    case: str  # the last CASE line printed before it
+    severity: str = "error"  # racecheck: "error" or "warning"
+
+    @property
+    def text(self) -> str:
+        # Host frames name the libraries that launched a kernel, not the kernel: a frame of
+        # XLA's would not make a finding XLA's, nor one of ours make it ours.
+        return "\n".join(line for line in [self.header, *self.lines]
+                         if "Host Frame" not in line and "host backtrace" not in line)
+
+    @property
+    def count(self) -> int:
+        """How many errors the tool may count for it (racecheck's analysis merges hazards)."""
+        match = re.search(r"\[(\d+) hazards?\]", "\n".join([self.header, *self.lines]))
+        return int(match.group(1)) if match else 1
+
+    @property
+    def ours(self) -> bool:
+        if self.kind == "api":  # a failing CUDA call: ours if our launcher made it
+            return bool(OUR_LAUNCHER.search("\n".join(self.lines)))
+        return bool(OURS.search(self.text))
+
+
+@dataclasses.dataclass
+class Report:
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  # tool-level messages
+    summary_errors: int | None = None  # "ERROR SUMMARY: N errors"
+    summaries: list[str] = dataclasses.field(default_factory=list)  # the tool's own
+    unprinted: int = 0
+    planned: int | None = None  # "PLAN ... cases=N"
+    cases: int = 0
+    ok: int = 0
+    wrong: list[str] = dataclasses.field(default_factory=list)
+    done: str | None = None
+    setup: str | None = None
+
+
+TOOL_MESSAGES = re.compile(
+    r"^(COMPUTE-SANITIZER|RACECHECK SUMMARY|LEAK SUMMARY|Target application|"
+    r"Internal Sanitizer Error|Error:|Warning:|Cuda-sanitizer|Note:)")
+
+
+def parse(text: str) -> Report:
+    report = Report()
+    case = ""
+    block: Finding | None = None
+
+    def close():
+        nonlocal block
+        if block is not None:
+            report.findings.append(block)
+        block = None
+
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not line.startswith(PREFIX):
+            close()  # the driver's output ends a block
+            if line.startswith("CASE "):
+                case = line[5:]
+                report.cases += 1
+            elif line.startswith("OK "):
+                report.ok += 1
+            elif line.startswith("WRONG "):
+                report.wrong.append(line[6:])
+            elif line.startswith("PLAN ") and (match := re.search(r"cases=(\d+)", line)):
+                report.planned = int(match.group(1))
+            elif line.startswith("DONE "):
+                report.done = line[5:]
+            elif line.startswith("SETUP "):
+                report.setup = line[6:]
+            continue
+        body = line[len(PREFIX):]
+        if not body.strip():
+            close()
+            continue
+        if body.startswith("  ") and block is not None:  # continuation of a finding
+            block.lines.append(body.strip())
+            continue
+        close()
+        message = body.strip()
+        if match := re.search(r"(\d+) errors? (were|was) not printed", message):
+            report.unprinted += int(match.group(1))
+        elif match := re.match(r"ERROR SUMMARY: (\d+) error", message):
+            report.summary_errors = int(match.group(1))
+            report.summaries.append(message)
+        elif message.startswith("RACECHECK SUMMARY"):
+            report.summaries.append(message)
+        elif match := re.match(r"(Error|Warning): Race reported", message):
+            block = Finding("race", message, [], case, severity=match.group(1).lower())
+        elif match := re.match(r"(ERROR|WARNING|INFO): Potential \w+ hazard", message):
+            # racecheck's per-hazard report (--racecheck-report hazard|all)
+            severity = "error" if match.group(1) == "ERROR" else "warning"
+            block = Finding("race", message, [], case, severity=severity)
+        elif message.startswith("Program hit"):
+            block = Finding("api", message, [], case)
+        elif TOOL_MESSAGES.match(message):
+            if not message.startswith("COMPUTE-SANITIZER"):
+                report.notes.append(message)
+        else:  # a device-side finding: "Invalid __global__ read ...", "Barrier error ..."
+            block = Finding("device", message, [], case)
+    close()
+    return report
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def summarize(tool: str, report: Report, exit_code: int | None = None,
+              seconds: float | None = None) -> tuple[str, int]:
+    """One summary line for the tool, and the exit status (see the module docstring)."""
+    errors = [f for f in report.findings if f.severity == "error"]
+    ours = [f for f in errors if f.ours]
+    other = [f for f in errors if not f.ours]
+    warnings = [f for f in report.findings if f.severity == "warning"]
+    planned = report.planned
+
+    problems = []
+    if report.setup:
+        problems.append(f"setup: {report.setup}")
+    timed_out = exit_code in (124, 137)  # timeout(1): TERM, then KILL
+    if report.done is None:
+        how = f"exit {exit_code}" + (" (timed out)" if timed_out else "")
+        problems.append(f"did not finish ({how}; {report.ok + len(report.wrong)} of "
+                        f"{planned if planned is not None else '?'} cases ran)")
+    elif timed_out:
+        problems.append("the cases ran, but the tool timed out before its summary")
+    if not report.summaries and not report.setup:
+        # The tool prints its summary last; without it, reports may be missing too.
+        problems.append("the tool printed no ERROR SUMMARY")
+    if report.unprinted:
+        problems.append(f"{report.unprinted} errors not printed (raise PRINT_LIMIT)")
+    elif (report.summary_errors is not None
+          and report.summary_errors > sum(f.count for f in report.findings)):
+        # A finding in a form this parser does not know must not pass for a clean run.
+        problems.append(f"the tool counted {report.summary_errors} errors but "
+                        f"{len(report.findings)} were recognized: read the log")
+    problems += [n for n in report.notes if n.startswith("Internal Sanitizer Error")]
+
+    if ours or report.wrong:
+        verdict, status = "FAIL", 1
+    elif problems:
+        verdict, status = "INCOMPLETE", 2
+    else:
+        verdict, status = "PASS", 0
+    parts = [f"{tool}: {verdict}",
+             f"cases {report.ok} ok / {len(report.wrong)} wrong"
+             + (f" of {planned}" if planned is not None else ""),
+             f"findings in our kernels {len(ours)}",
+             f"elsewhere {len(other)} (XLA/runtime, not failed)"]
+    if warnings:
+        ours_w = sum(f.ours for f in warnings)
+        parts.append(f"racecheck warnings {len(warnings)} ({ours_w} ours, not failed)")
+    if report.summaries:
+        parts.append("the tool says: " + ", ".join(report.summaries))
+    if seconds is not None:
+        parts.append(f"{seconds:.0f} s")
+    line = "; ".join(parts)
+    for finding in ours[:3]:
+        where = next((f" | {_short(l, 100)}" for l in finding.lines if l.startswith("at ")), "")
+        line += (f"\n  ours: {_short(finding.header)}{where} | after CASE "
+                 f"{finding.case or '(none yet)'}")
+    if other:
+        line += f"\n  first elsewhere: {_short(other[0].header)}"
+    for wrong in report.wrong[:3]:
+        line += f"\n  wrong: {_short(wrong, 240)}"
+    for problem in problems:
+        line += f"\n  {problem}"
+    return line, status
+
+
+def _planned_cases(tool: str):
+    import jax_swiglu
+
+    plan = PLANS[tool]
+    for kernel in (k for k in jax_swiglu.KERNELS if k != "xla"):
+        for config in sorted(jax_swiglu.kernel_configs().get(kernel, {})):
+            for model in plan.models:
+                for m in plan.m_values:
+                    yield kernel, config, model, m
+
+
+# --- command line ---------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("plan", help="print every tool's cases")
+    run_parser = sub.add_parser("run", help="run one tool's cases (under compute-sanitizer)")
+    run_parser.add_argument("--tool", choices=sorted(PLANS), required=True)
+    run_parser.add_argument("--m", help="override the M values, e.g. 1,65")
+    run_parser.add_argument("--models", help="override the models, e.g. qwen2.5-0.5b")
+    run_parser.add_argument("--allow-reference", action="store_true",
+                            help="run without an SM90 GPU (the XLA path; for testing this script)")
+    report_parser = sub.add_parser("report", help="summarize a tool's log")
+    report_parser.add_argument("--tool", choices=sorted(PLANS), required=True)
+    report_parser.add_argument("--exit-code", type=int, help="the tool's exit status")
+    report_parser.add_argument("--seconds", type=float)
+    report_parser.add_argument("log")
+    args = parser.parse_args(argv)
+
+    if args.command == "plan":
+        for tool, plan in PLANS.items():
+            cases = list(_planned_cases(tool))
+            print(f"{tool}: {plan.why}; M {list(plan.m_values)} x {list(plan.models)} x every "
+                  f"fused kernel and config: {len(cases)} calls")
+        return 0
+    if args.command == "run":
+        plan = PLANS[args.tool]
+        m_values = tuple(int(m) for m in args.m.split(",")) if args.m else plan.m_values
+        models = tuple(args.models.split(",")) if args.models else plan.models
+        return run(args.tool, m_values, models, args.allow_reference)
+    with open(args.log, errors="replace") as f:
+        report = parse(f.read())
+    line, status = summarize(args.tool, report, args.exit_code, args.seconds)
+    print(line)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
