@@ -68,24 +68,13 @@ std::string LaunchInterleaved(const SwigluProblem& p, const DeviceFacts& facts,
   using Kernel = typename Assembly::Kernel;
   using Element = typename Assembly::Element;
 
-  const int m = static_cast<int>(p.m);
-  const int packed_cols = static_cast<int>(2 * p.n_packed);
-  const int k = static_cast<int>(p.k);
   // Strides in CuTe's (rows, contraction, batch) order: A is (M, K, L), B is (N, K, L).
-  typename Kernel::StrideA stride_a = cute::make_stride(int64_t(k), cute::_1{}, int64_t(0));
-  typename Kernel::StrideB stride_b =
-      cute::make_stride(cute::_1{}, int64_t(packed_cols), int64_t(0));
-
-  typename Kernel::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGemm,
-      {m, packed_cols, k, 1},
-      {static_cast<Element const*>(p.x), stride_a, static_cast<Element const*>(p.packed),
-       stride_b},
-      {static_cast<Element*>(p.out), static_cast<int>(p.n)},
-      cutlass::KernelHardwareInfo{facts.device, facts.sm_count},
-      {}};
+  typename Kernel::StrideA stride_a = cute::make_stride(p.k, cute::_1{}, int64_t(0));
+  typename Kernel::StrideB stride_b = cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
   constexpr KernelConfig config = Assembly::kConfig;
-  return LaunchGemm<Kernel>(args, p, facts, dim3(config.cluster_m, config.cluster_n, 1), stream,
+  return LaunchGemm<Kernel>({static_cast<Element const*>(p.x), stride_a,
+                             static_cast<Element const*>(p.packed), stride_b},
+                            p, facts, dim3(config.cluster_m, config.cluster_n, 1), stream,
                             "interleaved");
 }
 

@@ -5,6 +5,7 @@
 
 #include <cutlass/cutlass.h>
 #include <cutlass/device_kernel.h>
+#include <cutlass/kernel_hardware_info.hpp>
 #include <cutlass/numeric_types.h>
 
 #include <mutex>
@@ -41,12 +42,22 @@ cudaError_t EnsureSharedMemoryLimit(int device) {
   return err;
 }
 
-// Applies the problem's tile order, checks, builds the params (TMA descriptors) and
-// launches `Kernel` with its cluster shape on `stream`. No allocation, no synchronization.
+// Runs `Kernel` (any mainloop + SwiGluEpilogue) on the packed [M, 2 N_pad, K] problem:
+// completes the arguments around the kernel's own mainloop arguments, applies the tile
+// order, checks, builds the params (TMA descriptors) and launches with the cluster shape
+// on `stream`. No allocation, no synchronization.
 template <class Kernel>
-std::string LaunchGemm(typename Kernel::Arguments args, const SwigluProblem& p,
+std::string LaunchGemm(typename Kernel::MainloopArguments mainloop, const SwigluProblem& p,
                        const DeviceFacts& facts, dim3 cluster_dims, cudaStream_t stream,
                        const char* kernel_name) {
+  using ElementD = typename Kernel::CollectiveEpilogue::ElementD;
+  typename Kernel::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed), static_cast<int>(p.k), 1},
+      mainloop,
+      {static_cast<ElementD*>(p.out), static_cast<int>(p.n)},
+      cutlass::KernelHardwareInfo{facts.device, facts.sm_count},
+      {}};
   using RasterOrder = typename Kernel::TileScheduler::RasterOrderOptions;
   args.scheduler.max_swizzle_size = p.swizzle;
   args.scheduler.raster_order = p.raster == 1   ? RasterOrder::AlongM

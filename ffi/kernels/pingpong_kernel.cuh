@@ -54,14 +54,9 @@ std::string LaunchPingpong(const SwigluProblem& p, const DeviceFacts& facts,
   using Assembly = PingpongKernel<ConfigId, ElementTag>;
   using Kernel = typename Assembly::Kernel;
   using Element = typename Assembly::Element;
-  typename Kernel::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGemm,
-      {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed), static_cast<int>(p.k), 1},
-      {static_cast<Element const*>(p.x), static_cast<Element const*>(p.packed)},
-      {static_cast<Element*>(p.out), static_cast<int>(p.n)},
-      cutlass::KernelHardwareInfo{facts.device, facts.sm_count},
-      {}};
-  return LaunchGemm<Kernel>(args, p, facts, dim3(1, 1, 1), stream, "pingpong");
+  return LaunchGemm<Kernel>(
+      {static_cast<Element const*>(p.x), static_cast<Element const*>(p.packed)}, p, facts,
+      dim3(1, 1, 1), stream, "pingpong");
 }
 
 }  // namespace jax_swiglu
