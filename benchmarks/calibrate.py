@@ -59,6 +59,9 @@ def main(argv=None):
     parser.add_argument("--m", nargs="*", type=int, default=[128, 512, 2048, 8192])
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--out", default="calibration.json")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no new (model, M) row after this many seconds; the report"
+                             " then says the run is incomplete")
     parser.add_argument("--note", action="append", default=[],
                         help="a line for the head of the report; repeatable")
     parser.add_argument(
@@ -86,6 +89,10 @@ def main(argv=None):
     configs = [(model, m) for m in args.m for model in args.models]
     done = []
     for i, (model, m) in enumerate(configs):
+        if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
+            print(f"time budget of {args.budget_s:.0f} s spent: stopping after {i} of "
+                  f"{len(configs)} rows", flush=True)
+            break
         began = time.perf_counter()
         row = calibrate(model, m, args.iterations, jax.random.fold_in(key, i), launches)
         rows.append(row)

@@ -8,6 +8,8 @@
 #   4. the demo (python -m jax_swiglu.demo) and
 #   5. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite;
 #      BENCH=0 skips it),
+# TEST_TIMEOUT (seconds, default 1800) bounds the test step, so a hung kernel still leaves
+# the later steps time to run.
 #   6. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS),
 #   7. with SANITIZE=1, scripts/sanitize.sh (compute-sanitizer; TOOLS, TOOL_TIMEOUT pass
 #      through), its summary appended to summary.txt and its logs joined in sanitize.log.
@@ -53,7 +55,7 @@ rm -f "$OUT/gpu_report.jsonl"
 # (No comment line may sit inside this continued command: it would end it.)
 # shellcheck disable=SC2086
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
-JAX_SWIGLU_GPU_REPORT="$OUT/gpu_report.jsonl" "$PY" -m pytest -q -rs --durations=8 ${PYTEST_ARGS:--m gpu tests} 2>&1 \
+JAX_SWIGLU_GPU_REPORT="$OUT/gpu_report.jsonl" timeout "${TEST_TIMEOUT:-1800}" "$PY" -m pytest -q -rs --durations=8 ${PYTEST_ARGS:--m gpu tests} 2>&1 \
   | tee "$OUT/pytest.log" | tail -5
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 tail -3 "$OUT/pytest.log" >> "$SUMMARY"
