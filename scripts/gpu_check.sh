@@ -5,12 +5,13 @@
 #   2. builds jax_swiglu against this machine's own jaxlib (no build isolation),
 #      printing ptxas's register/spill report,
 #   3. runs the GPU tests (CI runs the rest; PYTEST_ARGS="tests" runs everything),
-#   4. the demo (python -m jax_swiglu.demo) and
+#   4. the demo (python -m jax_swiglu.demo; DEMO=0 skips it) and
 #   5. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite;
 #      BENCH=0 skips it),
 # TEST_TIMEOUT (seconds, default 1800) bounds the test step, so a hung kernel still leaves
 # the later steps time to run.
-#   6. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS),
+#   6. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS, several
+#      runs separated by ';'),
 #   7. with SANITIZE=1, scripts/sanitize.sh (compute-sanitizer; TOOLS, TOOL_TIMEOUT pass
 #      through), its summary appended to summary.txt and its logs joined in sanitize.log.
 # Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
@@ -68,9 +69,11 @@ if rows:
           f"max rel_fro {max(r['rel_fro'] for r in rows):.3e}")
 PYEOF
 
-echo "== demo" | tee -a "$SUMMARY"
-"$PY" -m jax_swiglu.demo > "$OUT/demo.log" 2>&1 || status=1
-tail -12 "$OUT/demo.log" | tee -a "$SUMMARY"
+if [ "${DEMO:-1}" = 1 ]; then
+  echo "== demo" | tee -a "$SUMMARY"
+  "$PY" -m jax_swiglu.demo > "$OUT/demo.log" 2>&1 || status=1
+  tail -12 "$OUT/demo.log" | tee -a "$SUMMARY"
+fi
 
 if [ "${BENCH:-1}" = 1 ]; then
   echo "== benchmark" | tee -a "$SUMMARY"
@@ -81,11 +84,18 @@ if [ "${BENCH:-1}" = 1 ]; then
 fi
 
 if [ "${CALIBRATE:-0}" = 1 ]; then
-  echo "== calibration" | tee -a "$SUMMARY"
-  # shellcheck disable=SC2086
-  "$PY" benchmarks/calibrate.py ${CALIBRATE_ARGS:-} --out "$OUT/calibration.json" 2>&1 | tail -40 \
-    | tee -a "$SUMMARY"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  # CALIBRATE_ARGS may hold several runs separated by ';' (calibration-1.json, -2, ...).
+  IFS=';' read -r -a calibrations <<< "${CALIBRATE_ARGS:-}"
+  [ ${#calibrations[@]} -gt 0 ] || calibrations=("")
+  for i in "${!calibrations[@]}"; do
+    name=calibration
+    [ ${#calibrations[@]} -gt 1 ] && name="calibration-$((i + 1))"
+    echo "== $name: ${calibrations[$i]}" | tee -a "$SUMMARY"
+    # shellcheck disable=SC2086
+    "$PY" benchmarks/calibrate.py ${calibrations[$i]} --out "$OUT/$name.json" 2>&1 | tail -40 \
+      | tee -a "$SUMMARY"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
 fi
 
 if [ "${SANITIZE:-0}" = 1 ]; then
