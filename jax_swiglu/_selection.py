@@ -52,23 +52,53 @@ class Rule:
 
 
 _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below refer to
+_N_72B = 28 * 1024  # between the 32B (27648) and 72B (29568) intermediate sizes
 
-# Rows are tried in order; the first that admits (M, N) wins. Derived from the run in
-# benchmarks/results/NVIDIA_H200/2026-11-29-calibration.md (every config on the 7
-# Qwen2.5 MLPs at M = 128, 512, 2048, 8192). Config ids: ffi/kernel_configs.h.
+# Rows are tried in order; the first that admits (M, N) wins. Derived from three runs on
+# an H200, all under benchmarks/results/NVIDIA_H200/ (times are GPU microseconds, ours vs
+# XLA's two GEMMs, one run side by side):
+#   2026-11-29-calibration-both-kernels.md  both kernels, every interleaved config that ever
+#       won, the 7 Qwen2.5 MLPs at M = 128, 512, 1024, 2048, 4096, 8192, 16384;
+#   2026-11-29-calibration-small-m.md       M = 1, 8, 32, 64;
+#   2026-11-29-calibration-tile-order.md    swizzle/raster of config 0, 7B..72B, M >= 8192.
+# The pingpong kernel (Kernel-1) has no row: it lost on every shape and M (1.3x-2.6x
+# slower than interleaved config 0 at M >= 2048; see the README's "Kernels").
+# Config ids: ffi/kernel_configs.h.
 SELECTION_TABLE: tuple[Rule, ...] = (
+    Rule(1, "interleaved", 3,
+         "M = 1, N <= 6144: XLA's matrix-vector path is slow on this shape (0.5B: 10.9 vs "
+         "16.6 us)", max_n=6144),
+    Rule(64, "xla", None,
+         "M <= 64 (decode): XLA's small-M GEMMs stream the weights faster than our "
+         "128-row tiles, which have no split-K (72B M=8: 287 vs 224 us; 0.5B M=64: a tie)"),
     Rule(128, "interleaved", 3,
          "M <= 128, N <= 6144: 128x128 tiles give twice the CTAs of 128x256 on a small N "
-         "(0.5B: 9.2 vs 13.7 us)", max_n=6144),
-    Rule(128, "interleaved", 3,
-         "M <= 128, N/128 tiles of 128x256 would be 1 to 1.5 waves: 128x128 tiles balance "
-         "the waves (7B: 82 vs 98 us)", min_n=_SMS * 128, max_n=_SMS * 192),
+         "(0.5B: 9.4 vs 13.8 us)", max_n=6144),
+    Rule(128, "xla", None,
+         "M <= 128, N in 132 x (128, 192]: 128x256 tiles make 1.1 waves, 128x128 tiles 2.2 "
+         "and XLA's split-K GEMMs win (7B: 82.2 vs 76.6 us)", min_n=_SMS * 128,
+         max_n=_SMS * 192),
     Rule(128, "interleaved", 2,
          "M <= 128: one 128-row tile, 128x256 tiles, no cluster (a 2x1 cluster would idle "
          "half its CTAs on the empty second row of tiles)"),
     Rule(512, "interleaved", 3,
-         "M <= 512, N <= 9216: 128x128 tiles for enough CTAs on a small N (1.5B: 50 vs 53 us)",
-         max_n=9216),
+         "M <= 512, N <= 9216: 128x128 tiles for enough CTAs on a small N (1.5B: 50.4 vs "
+         "54.0 us)", max_n=9216),
+    Rule(1024, "interleaved", 3,
+         "M <= 1024, N <= 6144: 128x128 tiles for enough CTAs (0.5B: 34.1 vs 35.4 us)",
+         max_n=6144),
+    Rule(4096, "interleaved", 0,
+         "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest on every shape "
+         "at 1024 < M <= 4096)"),
+    Rule(8192, "xla", None,
+         "72B at 4096 < M <= 8192: cuBLAS is 5% faster than our best launch (config 0, "
+         "swizzle 8: 11.09 vs 10.57 ms)", min_n=_N_72B),
+    Rule(None, "interleaved", 0,
+         "M > 4096, 72B: 128x256 tiles, 2x1 cluster, tiles visited in groups of 8 for L2 reuse "
+         "(M=16384: 23.9 vs 25.1 ms unswizzled)", min_n=_N_72B, swizzle=8),
+    Rule(None, "interleaved", 0,
+         "M > 4096, N > 12672: 128x256 tiles, 2x1 cluster, tiles visited in groups of 4 for "
+         "L2 reuse (32B M=8192: 5.93 vs 6.29 ms unswizzled)", min_n=_SMS * 96, swizzle=4),
     Rule(None, "interleaved", 0,
          "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest on every shape "
          "at M >= 2048)"),

@@ -114,6 +114,9 @@ def run_call(name: str, x, fused: JittedModel, reference: JittedModel, *, explai
     if calls:
         print(f"  HLO lowered for CUDA: {len(calls)} custom calls, "
               f"{', '.join(sorted(set(calls)))}")
+    elif jax_swiglu.kernels_available():
+        print("  HLO lowered for CUDA: no jax_swiglu custom call (the selection table picks "
+              "the XLA path at this M)")
     y, r = fused(x).astype(jnp.float32), reference(x).astype(jnp.float32)
     max_err = float(jnp.max(jnp.abs(y - r)))
     rel_fro = float(jnp.linalg.norm(y - r) / jnp.linalg.norm(r))

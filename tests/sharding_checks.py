@@ -236,7 +236,9 @@ def check_shard_map(mesh):
     data = inputs()
     x = put(mesh, data["x"], "data", None)
     packed = put_packed(mesh, data["packed"], None, "model")
-    local_swiglu = jax.shard_map(swiglu, mesh=mesh, in_specs=(P("data"), P(None, "model")),
+    # Forced: at a few tokens per device the table alone would pick the XLA path.
+    local_swiglu = jax.shard_map(functools.partial(swiglu, kernel="interleaved"), mesh=mesh,
+                                 in_specs=(P("data"), P(None, "model")),
                                  out_specs=P("data", "model"))
     assert_equal(jax.jit(local_swiglu)(x, packed), data["y"])
     assert collectives(compiled_hlo(local_swiglu, x, packed)) == []
@@ -324,7 +326,7 @@ def check_cuda_partitioning(mesh):
     the local M. Megatron MLP: one all-reduce. K-sharded x: one all-gather, of x."""
     require_kernels()
     data_shards, model_shards = mesh.shape["data"], mesh.shape["model"]
-    m = 64 * data_shards  # 64 tokens per device: a different tile config than m tokens
+    m = 512 * data_shards  # 512 tokens per device: a different tile config than 4096
     local_m, local_width = m // data_shards, 2 * N // model_shards
     x = jax.ShapeDtypeStruct((m, K), jnp.bfloat16, sharding=NamedSharding(mesh, P("data")))
     packed = put_packed(mesh, inputs()["packed"], None, "model")
@@ -367,7 +369,9 @@ def check_shard_map_lowers_to_local_kernel_call(mesh):
     data_shards, model_shards = mesh.shape["data"], mesh.shape["model"]
     x = put(mesh, inputs()["x"], "data", None)
     packed = put_packed(mesh, inputs()["packed"], None, "model")
-    local_swiglu = jax.shard_map(swiglu, mesh=mesh, in_specs=(P("data"), P(None, "model")),
+    # Forced: at a few tokens per device the table alone would pick the XLA path.
+    local_swiglu = jax.shard_map(functools.partial(swiglu, kernel="interleaved"), mesh=mesh,
+                                 in_specs=(P("data"), P(None, "model")),
                                  out_specs=P("data", "model"))
     text = jax.jit(local_swiglu).trace(x, packed).lower(lowering_platforms=("cuda",)).as_text()
     calls = re.findall(r"custom_call @(jax_swiglu_\w+)\((.*)", text)

@@ -36,33 +36,56 @@ def _x(m, k=64, dtype=jnp.bfloat16):
     return jax.ShapeDtypeStruct((m, k), dtype)
 
 
-def _expected(m, kernel="auto"):
-    """(target, config) the selection table itself says for M, bf16."""
-    choice = _selection.choose(m, 128, 64, jnp.bfloat16, kernel=kernel)
-    return choice.target, choice.config.id
+def _expected(m, kernel="auto", n=128):
+    """The custom calls, [(target, config)], the selection table says for M, bf16 ([] for
+    the XLA path)."""
+    choice = _selection.choose(m, n, 64, jnp.bfloat16, kernel=kernel)
+    return [] if choice.kernel == "xla" else [(choice.target, choice.config.id)]
 
 
 @pytest.mark.parametrize("m", [1, 7, 64, 65, 128, 1000, 8192])
 def test_custom_call_follows_the_selection_table(m):
     hlo = cuda_hlo(swiglu, _x(m), _packed())
-    assert custom_calls(hlo) == [_expected(m)]
-    assert "jax_swiglu_interleaved_bf16" in hlo
+    assert custom_calls(hlo) == _expected(m)
+    assert ("jax_swiglu_interleaved_bf16" in hlo) == bool(_expected(m))
 
 
-@pytest.mark.parametrize("m", [16, 128, 512, 4096])
-@pytest.mark.parametrize("n", [4864, 11008, 18944])
+@pytest.mark.parametrize("m", [1, 16, 128, 512, 4096, 8192])
+@pytest.mark.parametrize("n", [4864, 11008, 18944, 29568])
 def test_lowering_follows_the_table_in_m_and_n(m, n):
     packed = pack_weights(*random_weights(jax.random.key(0), 64, n))
-    choice = _selection.choose(m, n, 64, jnp.bfloat16)
-    assert choice.config is not None
-    assert custom_calls(cuda_hlo(swiglu, _x(m), packed)) == [(choice.target, choice.config.id)]
+    rule = _selection._lookup(m, n)
+    hlo = cuda_hlo(swiglu, _x(m), packed)
+    if rule.kernel == "xla":
+        assert custom_calls(hlo) == [] and "stablehlo.dot_general" in hlo
+    else:
+        assert custom_calls(hlo) == [(f"jax_swiglu_{rule.kernel}_bf16", rule.config)]
+        assert f"swizzle = {rule.swizzle} : i64" in hlo
+
+
+def test_measured_choices():
+    """Spot checks of the table against the calibration runs it was derived from."""
+    def pick(m, model):
+        rule = _selection._lookup(m, jax_swiglu.QWEN25_MLPS[model][1])
+        return rule.kernel, rule.config, rule.swizzle
+    assert pick(8, "qwen2.5-72b") == ("xla", None, 1)  # decode: XLA's small-M GEMMs
+    assert pick(1, "qwen2.5-0.5b") == ("interleaved", 3, 1)
+    assert pick(128, "qwen2.5-7b") == ("xla", None, 1)  # wave quantization at 148 tiles
+    assert pick(128, "qwen2.5-72b") == ("interleaved", 2, 1)
+    assert pick(2048, "qwen2.5-72b") == ("interleaved", 0, 1)
+    assert pick(8192, "qwen2.5-32b") == ("interleaved", 0, 4)
+    assert pick(8192, "qwen2.5-72b") == ("xla", None, 1)
+    assert pick(16384, "qwen2.5-72b") == ("interleaved", 0, 8)
+    # No row picks the pingpong kernel: it lost everywhere it was measured.
+    assert all(rule.kernel != "pingpong" for rule in _selection.SELECTION_TABLE)
 
 
 def test_table_rows_are_reachable():
     """Every row of the table is the choice for some Qwen2.5 shape at some M."""
     used = {
         _selection._lookup(m, n)
-        for m in (1, 128, 512, 2048, 8192) for _, n in jax_swiglu.QWEN25_MLPS.values()
+        for m in (1, 8, 128, 512, 1024, 2048, 8192, 16384)
+        for _, n in jax_swiglu.QWEN25_MLPS.values()
     }
     assert used == set(_selection.SELECTION_TABLE)
 
@@ -78,7 +101,7 @@ def test_every_kernel_can_be_forced(dtype, suffix):
 
 
 def test_float16_target():
-    hlo = cuda_hlo(swiglu, _x(32, dtype=jnp.float16), _packed(dtype=jnp.float16))
+    hlo = cuda_hlo(swiglu, _x(256, dtype=jnp.float16), _packed(dtype=jnp.float16))
     assert [t for t, _ in custom_calls(hlo)] == ["jax_swiglu_interleaved_f16"]
 
 
@@ -96,14 +119,16 @@ def test_forced_xla_has_no_custom_call(monkeypatch):
     assert custom_calls(cuda_hlo(swiglu, _x(32), _packed())) == []
     # The argument wins over the environment.
     hlo = cuda_hlo(lambda x, p: swiglu(x, p, kernel="interleaved"), _x(32), _packed())
-    assert custom_calls(hlo) == [_expected(32, "interleaved")]
+    assert custom_calls(hlo) == _expected(32, "interleaved")
 
 
 def test_forced_kernel_by_argument_and_environment(monkeypatch):
+    forced = _expected(32, "interleaved")
+    assert forced and _expected(32) == []  # the table alone picks XLA at M = 32
     hlo = cuda_hlo(lambda x, p: swiglu(x, p, kernel="interleaved"), _x(32), _packed())
-    assert custom_calls(hlo) == [_expected(32)]
+    assert custom_calls(hlo) == forced
     _set_kernel_env(monkeypatch, "interleaved")
-    assert custom_calls(cuda_hlo(swiglu, _x(32), _packed())) == [_expected(32)]
+    assert custom_calls(cuda_hlo(swiglu, _x(32), _packed())) == forced
     _set_kernel_env(monkeypatch, "nonsense")
     with pytest.raises(ValueError, match=_selection.ENV_VAR):
         cuda_hlo(swiglu, _x(32), _packed())
@@ -113,7 +138,7 @@ def test_vmap_lowers_to_one_call_on_folded_m():
     packed = _packed()
     fn = jax.vmap(swiglu, in_axes=(0, None))
     hlo = cuda_hlo(fn, jax.ShapeDtypeStruct((8, 512, 64), jnp.bfloat16), packed)
-    assert custom_calls(hlo) == [_expected(8 * 512)]
+    assert custom_calls(hlo) == _expected(8 * 512)
     assert "tensor<4096x64xbf16>" in hlo
 
 
@@ -121,7 +146,7 @@ def test_fused_mlp_lowers_to_custom_call_and_dot():
     packed = _packed()
     w_down = jax.ShapeDtypeStruct((128, 64), jnp.bfloat16)
     hlo = cuda_hlo(jax_swiglu.fused_mlp, _x(256), packed, w_down)
-    assert custom_calls(hlo) == [_expected(256)]
+    assert custom_calls(hlo) == _expected(256)
     assert "stablehlo.dot_general" in hlo
 
 
@@ -132,7 +157,7 @@ def test_cpu_lowering_is_the_reference():
 
 def test_explain_names_the_kernel_and_tiles():
     text = jax_swiglu.explain(_x(4096), _packed(), platform="cuda")
-    target, config = _expected(4096)
+    [(target, config)] = _expected(4096)
     assert target in text
     assert jax_swiglu.kernel_configs()["interleaved"][config].describe() in text
 

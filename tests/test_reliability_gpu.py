@@ -205,7 +205,11 @@ def test_same_bits_with_and_without_cuda_graphs(kernel, name, graphs_off):
     # The same program op by op (eager: one small executable per op, never a graph).
     eager = np.asarray(PROGRAMS[program](x, data, n=n, kernel=kernel)).view(np.uint16)
     differing = int(np.sum(on != off))
-    differing_eager = int(np.sum(on != eager))
+    # Op by op, only the chain's first call sees the same input as under jit: the residual
+    # update after it is an XLA elementwise fusion under jit and separate ops eagerly, and
+    # XLA's fused and unfused tanh differ in the last bit (seen on the H200, 2026-11-29).
+    same_input = slice(None) if program == "single" else slice(0, 1)
+    differing_eager = int(np.sum(on[same_input] != eager[same_input]))
     on_f, off_f = (b.view(jnp.bfloat16).astype(np.float32) for b in (on, off))
     rel = float(np.linalg.norm(np.nan_to_num(on_f - off_f, nan=np.inf)) / np.linalg.norm(off_f))
     _record(test="cuda_graphs", kernel=kernel, case=name, m=m, k=k, n=n, dtype="bfloat16",
