@@ -63,6 +63,10 @@ _N_72B = 28 * 1024  # between the 32B (27648) and 72B (29568) intermediate sizes
 #   2026-11-29-calibration-tile-order.md    swizzle/raster of config 0, 7B..72B, M >= 8192.
 # The pingpong kernel (Kernel-1) has no row: it lost on every shape and M (1.3x-2.6x
 # slower than interleaved config 0 at M >= 2048; see the README's "Kernels").
+# An "xla" row runs the reference lowering on the packed weights (one [K, 2N] GEMM with an
+# fp32 result, then SiLU * up): slower than XLA on separate weights at large M, so such a
+# row is only worth it where XLA wins clearly (benchmark 2026-11-29, 72B M=8192: that path
+# 12.05 ms, our kernel 11.18 ms, XLA on separate weights 11.43 ms).
 # Config ids: ffi/kernel_configs.h.
 SELECTION_TABLE: tuple[Rule, ...] = (
     Rule(1, "interleaved", 3,
@@ -90,12 +94,10 @@ SELECTION_TABLE: tuple[Rule, ...] = (
     Rule(4096, "interleaved", 0,
          "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest on every shape "
          "at 1024 < M <= 4096)"),
-    Rule(8192, "xla", None,
-         "72B at 4096 < M <= 8192: cuBLAS is 5% faster than our best launch (config 0, "
-         "swizzle 8: 11.09 vs 10.57 ms)", min_n=_N_72B),
     Rule(None, "interleaved", 0,
          "M > 4096, 72B: 128x256 tiles, 2x1 cluster, tiles visited in groups of 8 for L2 reuse "
-         "(M=16384: 23.9 vs 25.1 ms unswizzled)", min_n=_N_72B, swizzle=8),
+         "(M=8192: 11.09 vs 11.91 ms, M=16384: 23.9 vs 25.1 ms unswizzled)",
+         min_n=_N_72B, swizzle=8),
     Rule(None, "interleaved", 0,
          "M > 4096, N > 12672: 128x256 tiles, 2x1 cluster, tiles visited in groups of 4 for "
          "L2 reuse (32B M=8192: 5.93 vs 6.29 ms unswizzled)", min_n=_SMS * 96, swizzle=4),
