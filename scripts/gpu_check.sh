@@ -8,11 +8,12 @@
 #   4. the demo (python -m jax_swiglu.demo; DEMO=0 skips it) and
 #   5. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite;
 #      BENCH=0 skips it),
-# TEST_TIMEOUT (seconds, default 1800) bounds the test step, so a hung kernel still leaves
+# TESTS=0 skips step 3; TEST_TIMEOUT (seconds, default 1800) bounds it, so a hung kernel still leaves
 # the later steps time to run.
 #   6. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS, several
 #      runs separated by ';'),
-#   7. with SANITIZE=1, scripts/sanitize.sh (compute-sanitizer; TOOLS, TOOL_TIMEOUT pass
+#   7. with TENSOR_PARALLEL=1, benchmarks/tensor_parallel.py (TP_ARGS) on the local GPUs,
+#   8. with SANITIZE=1, scripts/sanitize.sh (compute-sanitizer; TOOLS, TOOL_TIMEOUT pass
 #      through), its summary appended to summary.txt and its logs joined in sanitize.log.
 # Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
 # gpu_report.jsonl (per-case errors), demo.log, the benchmark's JSON + markdown,
@@ -50,17 +51,18 @@ grep -E "Compiling entry function|spill stores|Used [0-9]+ registers" "$OUT/buil
   | sed -E 's/Compiling entry function .*(Cooperative|Pingpong)[^ ]*(bfloat16_t|half_t).*/kernel \1 \2/' \
   >> "$SUMMARY"
 
-echo "== tests" | tee -a "$SUMMARY"
-rm -f "$OUT/gpu_report.jsonl"
-# XLA's GEMM autotuning only slows the fp32 references down here; the kernels don't use it.
-# (No comment line may sit inside this continued command: it would end it.)
-# shellcheck disable=SC2086
-XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
-JAX_SWIGLU_GPU_REPORT="$OUT/gpu_report.jsonl" timeout "${TEST_TIMEOUT:-1800}" "$PY" -m pytest -q -rs --durations=8 ${PYTEST_ARGS:--m gpu tests} 2>&1 \
-  | tee "$OUT/pytest.log" | tail -5
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-tail -3 "$OUT/pytest.log" >> "$SUMMARY"
-"$PY" - "$OUT/gpu_report.jsonl" >> "$SUMMARY" 2>&1 <<'PYEOF'
+if [ "${TESTS:-1}" = 1 ]; then
+  echo "== tests" | tee -a "$SUMMARY"
+  rm -f "$OUT/gpu_report.jsonl"
+  # XLA's GEMM autotuning only slows the fp32 references down here; the kernels don't use it.
+  # (No comment line may sit inside this continued command: it would end it.)
+  # shellcheck disable=SC2086
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
+  JAX_SWIGLU_GPU_REPORT="$OUT/gpu_report.jsonl" timeout "${TEST_TIMEOUT:-1800}" "$PY" -m pytest -q -rs --durations=8 ${PYTEST_ARGS:--m gpu tests} 2>&1 \
+    | tee "$OUT/pytest.log" | tail -5
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  tail -3 "$OUT/pytest.log" >> "$SUMMARY"
+  "$PY" - "$OUT/gpu_report.jsonl" >> "$SUMMARY" 2>&1 <<'PYEOF'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])] if __import__("os").path.exists(sys.argv[1]) else []
 if rows:
@@ -68,6 +70,7 @@ if rows:
     print(f"GPU cases: {len(rows)}, total mismatches {bad}, "
           f"max rel_fro {max(r['rel_fro'] for r in rows):.3e}")
 PYEOF
+fi
 
 if [ "${DEMO:-1}" = 1 ]; then
   echo "== demo" | tee -a "$SUMMARY"
@@ -96,6 +99,16 @@ if [ "${CALIBRATE:-0}" = 1 ]; then
       | tee -a "$SUMMARY"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+fi
+
+if [ "${TENSOR_PARALLEL:-0}" = 1 ]; then
+  # The multi-GPU run (benchmarks/tensor_parallel.py; TP_ARGS, e.g. "--tp 2"): tensor-parallel
+  # fused_mlp vs the plain XLA sharded MLP, checked against one GPU. NCCL_NVLS_ENABLE=0.
+  echo "== tensor parallel" | tee -a "$SUMMARY"
+  # shellcheck disable=SC2086
+  NCCL_NVLS_ENABLE=0 "$PY" benchmarks/tensor_parallel.py ${TP_ARGS:-} --out-dir "$OUT" 2>&1 \
+    | tail -20 | tee -a "$SUMMARY"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 if [ "${SANITIZE:-0}" = 1 ]; then

@@ -220,3 +220,26 @@ def test_calibrate_main_writes_the_run(tmp_path, monkeypatch):
         md = (tmp_path / "calibration.md").read_text()
         kernels = ", ".join(jax_swiglu.kernel_configs())
         assert f"Calibration run: every {kernels} tile config forced" in md
+
+
+def test_tensor_parallel_script_on_host_devices(tmp_path):
+    """benchmarks/tensor_parallel.py end to end on 4 CPU host devices (2 x 2 mesh): the
+    checks against one device and fp32 pass and the files are written (no CUPTI here)."""
+    import subprocess
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "tensor_parallel.py"), "--tp", "2", "--data",
+         "2", "--shape", "256,512", "--m", "64", "--iterations", "2", "--out-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    [json_path] = tmp_path.glob("*-tp2x2.json")
+    result = json.loads(json_path.read_text())
+    assert result["complete"] and result["nccl_nvls_enable"] == "0"
+    assert result["mesh"] == {"data": 2, "model": 2}
+    [row] = result["rows"]
+    assert row["check"]["tp_vs_one_gpu"]["mismatches"] == 0
+    assert row["check"]["tp_vs_fp32"]["mismatches"] == 0
+    assert row["all_reduces_in_hlo"] >= 1  # the row-parallel down projection's reduction
+    assert "custom | 64 | 0 (" in json_path.with_suffix(".md").read_text()
