@@ -55,14 +55,14 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 _N_72B = 28 * 1024  # between the 32B (27648) and 72B (29568) intermediate sizes
 
 # Rows are tried in order; the first that admits (M, N) wins. Derived from three runs on
-# an H200, all under benchmarks/results/NVIDIA_H200/ (times are GPU microseconds, ours vs
-# XLA's two GEMMs, one run side by side):
+# an H200, all under benchmarks/results/NVIDIA_H200/ (each row's "why" quotes GPU times
+# from them: our kernel first, then the alternative it beat or lost to):
 #   2026-11-29-calibration-both-kernels.md  both kernels, every interleaved config that ever
 #       won, the 7 Qwen2.5 MLPs at M = 128, 512, 1024, 2048, 4096, 8192, 16384;
 #   2026-11-29-calibration-small-m.md       M = 1, 8, 32, 64;
 #   2026-11-29-calibration-tile-order.md    swizzle/raster of config 0, 7B..72B, M >= 8192.
-# The pingpong kernel (Kernel-1) has no row: it lost on every shape and M (1.3x-2.6x
-# slower than interleaved config 0 at M >= 2048; see the README's "Kernels").
+# The pingpong kernel (Kernel-1) has no row: it was slower than the best interleaved config
+# on every shape and M (1.1-1.3x at M = 128, 1.4-2.6x at M >= 2048; README, "The kernels").
 # An "xla" row runs the reference lowering on the packed weights (one [K, 2N] GEMM with an
 # fp32 result, then SiLU * up): slower than XLA on separate weights at large M, so such a
 # row is only worth it where XLA wins clearly (benchmark 2026-11-29, 72B M=8192: that path
@@ -73,14 +73,16 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "M = 1, N <= 6144: XLA's matrix-vector path is slow on this shape (0.5B: 10.9 vs "
          "16.6 us)", max_n=6144),
     Rule(64, "xla", None,
-         "M <= 64 (decode): XLA's small-M GEMMs stream the weights faster than our "
-         "128-row tiles, which have no split-K (72B M=8: 287 vs 224 us; 0.5B M=64: a tie)"),
+         "M <= 64 (decode): the call streams the weights, and cuBLAS (through XLA) streams "
+         "them faster than our 128-row tiles, which split neither K nor the last wave "
+         "(72B M=8: 287 vs 224 us; 0.5B M=64: a tie)"),
     Rule(128, "interleaved", 3,
          "M <= 128, N <= 6144: 128x128 tiles give twice the CTAs of 128x256 on a small N "
          "(0.5B: 9.4 vs 13.8 us)", max_n=6144),
     Rule(128, "xla", None,
          "M <= 128, N in 132 x (128, 192]: 128x256 tiles make 1.1 waves, 128x128 tiles 2.2 "
-         "and XLA's split-K GEMMs win (7B: 82.2 vs 76.6 us)", min_n=_SMS * 128,
+         "with a ragged last wave, and XLA's GEMMs win (7B: 82.2 vs 76.6 us)",
+         min_n=_SMS * 128,
          max_n=_SMS * 192),
     Rule(128, "interleaved", 2,
          "M <= 128: one 128-row tile, 128x256 tiles, no cluster (a 2x1 cluster would idle "
