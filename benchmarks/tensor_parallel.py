@@ -126,8 +126,9 @@ def run_case(model, k, n, m, mesh, iterations, cupti, key):
                                precision=jax.lax.Precision.HIGHEST)
 
     xs = put(x, "data", None)
-    w_gate_s, w_up_s, w_down_s = put(w_gate, None, "model"), put(w_up, None, "model"), \
-        put(w_down, "model", None)
+    w_gate_s = put(w_gate, None, "model")  # column parallel
+    w_up_s = put(w_up, None, "model")
+    w_down_s = put(w_down, "model", None)  # row parallel
     packed = jax_swiglu.pack_weights(w_gate_s, w_up_s)  # shard-local packing, no communication
     out = NamedSharding(mesh, P("data", None))
     fused = jax.jit(jax_swiglu.fused_mlp, out_shardings=out)

@@ -8,13 +8,13 @@
 #   4. the demo (python -m jax_swiglu.demo; DEMO=0 skips it) and
 #   5. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite;
 #      BENCH=0 skips it),
-# TESTS=0 skips step 3; TEST_TIMEOUT (seconds, default 1800) bounds it, so a hung kernel still leaves
-# the later steps time to run.
 #   6. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS, several
 #      runs separated by ';'),
 #   7. with TENSOR_PARALLEL=1, benchmarks/tensor_parallel.py (TP_ARGS) on the local GPUs,
 #   8. with SANITIZE=1, scripts/sanitize.sh (compute-sanitizer; TOOLS, TOOL_TIMEOUT pass
 #      through), its summary appended to summary.txt and its logs joined in sanitize.log.
+# TESTS=0 skips step 3; TEST_TIMEOUT (seconds, default 1800) bounds it, so a hung kernel
+# still leaves the later steps time to run.
 # Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
 # gpu_report.jsonl (per-case errors), demo.log, the benchmark's JSON + markdown,
 # calibration.json and sanitize.log.
