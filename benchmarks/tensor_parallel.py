@@ -40,7 +40,6 @@ import math  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -82,14 +81,8 @@ def compare(y, reference) -> dict:
 
 def measure(fn, args, iterations, devices, cupti: bool) -> dict:
     """Median GPU kernel time per device, compute and NCCL apart (ms), and the wall time."""
-    jax.block_until_ready(fn(*args))  # compile, warm up
-    jax.block_until_ready(fn(*args))
-    walls = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        walls.append((time.perf_counter() - start) * 1e3)
-    result = {"wall_ms": statistics.median(walls)}
+    jax.block_until_ready(fn(*args))  # compile
+    result = {"wall_ms": bench_swiglu._measure_wall_ms(fn, args, iterations)}
     if not cupti:
         return result
     from jax.experimental.mosaic.gpu import profiler
