@@ -16,7 +16,8 @@ Every configuration times, side by side in one run and on the same inputs:
   auto       jax_swiglu.swiglu with the selection table                (e)
 
 GPU time comes from CUPTI (jax.experimental.mosaic.gpu.profiler.measure): the sum of
-kernel times per call, median over iterations after warm-up. Each measured call runs
+kernel times per call, median over iterations after warm-up, the variants timed in turn
+over interleaved rounds so clock drift is shared. Each measured call runs
 over a rotation of distinct input/weight sets whose total exceeds the L2 several times,
 so weights stream from HBM as in a real model. Wall time of the jitted call (launch
 gaps included) is reported too.
@@ -51,6 +52,7 @@ QUICK = (("qwen2.5-0.5b", 128), ("qwen2.5-0.5b", 2048), ("qwen2.5-7b", 128),
 L2_BYTES = 60 * 2**20
 ROTATION_BYTES = 3 * L2_BYTES  # data touched per measured call, at least
 MAX_SETS = 16
+ROUNDS = 3  # interleaved measurement rounds per configuration (see measure_side_by_side)
 
 
 def _stack(w_gate, w_up):
@@ -91,22 +93,56 @@ def variants():
 
 # --- measurement --------------------------------------------------------------------------
 
-def _measure_gpu_ms(fn, args, iterations):
+def _gpu_samples_ms(fn, args, iterations):
+    """Per-call GPU times (ms) of `iterations` calls of an already warmed-up fn, via CUPTI."""
     from jax.experimental.mosaic.gpu import profiler
-    fn(*args)  # compile + warm up
-    jax.block_until_ready(fn(*args))
     _, times = profiler.measure(fn, iterations=iterations)(*args)
-    return statistics.median(times)
+    return list(times) if iterations > 1 else [times]
 
 
-def _measure_wall_ms(fn, args, iterations):
-    jax.block_until_ready(fn(*args))
+def _wall_samples_ms(fn, args, iterations):
     samples = []
     for _ in range(iterations):
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
         samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    return samples
+
+
+def _warm_up(fn, args):
+    fn(*args)  # compile
+    jax.block_until_ready(fn(*args))
+
+
+def _measure_gpu_ms(fn, args, iterations):
+    _warm_up(fn, args)
+    return statistics.median(_gpu_samples_ms(fn, args, iterations))
+
+
+def _measure_wall_ms(fn, args, iterations):
+    _warm_up(fn, args)
+    return statistics.median(_wall_samples_ms(fn, args, iterations))
+
+
+def measure_side_by_side(fns, args, iterations, rounds):
+    """Median GPU and wall ms of each fn, measured in interleaved rounds.
+
+    A run at the 700 W limit drifts (clocks, temperature) over seconds; timing each
+    variant in one block would charge that drift to whichever came last. So every round
+    times every variant for ceil(iterations / rounds) calls, in turn, and the medians
+    are over all rounds.
+    """
+    for fn in fns.values():
+        _warm_up(fn, args)
+    per_round = max(1, math.ceil(iterations / rounds))
+    gpu = {name: [] for name in fns}
+    wall = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            gpu[name] += _gpu_samples_ms(fn, args, per_round)
+            wall[name] += _wall_samples_ms(fn, args, per_round)
+    return ({name: statistics.median(t) for name, t in gpu.items()},
+            {name: statistics.median(t) for name, t in wall.items()})
 
 
 def _make_sets(key, m, k, n, count):
@@ -141,7 +177,7 @@ def flops(model, m):
     return 2 * m * k * 2 * n
 
 
-def bench_one(model, m, iterations, key):
+def bench_one(model, m, iterations, key, rounds=ROUNDS):
     k, n = QWEN25_MLPS[model]
     sets = make_rotation(key, m, k, n)
     count = len(sets)
@@ -149,10 +185,12 @@ def bench_one(model, m, iterations, key):
     ws = [s[1] for s in sets]
     row = {"model": model, "m": m, "k": k, "n": n, "rotation_sets": count,
            "flops": flops(model, m), "gpu_us": {}, "wall_us": {}, "rel_err": {}}
+    fns = {name: jax.jit(lambda xs, ws, variant=variant: [variant(x, w) for x, w in zip(xs, ws)])
+           for name, variant in variants().items()}
+    gpu_ms, wall_ms = measure_side_by_side(fns, (xs, ws), iterations, rounds)
     for name, variant in variants().items():
-        fn = jax.jit(lambda xs, ws, variant=variant: [variant(x, w) for x, w in zip(xs, ws)])
-        row["gpu_us"][name] = _measure_gpu_ms(fn, (xs, ws), iterations) * 1e3 / count
-        row["wall_us"][name] = _measure_wall_ms(fn, (xs, ws), iterations) * 1e3 / count
+        row["gpu_us"][name] = gpu_ms[name] * 1e3 / count
+        row["wall_us"][name] = wall_ms[name] * 1e3 / count
         if name not in ("gemm",):
             row["rel_err"][name] = _check(sets, variant)
     x0 = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
@@ -254,7 +292,10 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="a few configurations only")
     parser.add_argument("--models", nargs="*", default=list(QWEN25_MLPS))
     parser.add_argument("--m", nargs="*", type=int, default=list(M_VALUES))
-    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--iterations", type=int, default=20,
+                        help="timed calls per variant and configuration, split over --rounds")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="interleaved rounds: each times every variant in turn")
     parser.add_argument("--out-dir", default=None,
                         help="default: benchmarks/results/<gpu>/")
     parser.add_argument("--tag", default=None,
@@ -278,7 +319,8 @@ def main(argv=None):
     os.makedirs(out_dir, exist_ok=True)
     stem = output_stem(out_dir, env["date"][:10], tag)
 
-    result = {"environment": env, "iterations": args.iterations, "notes": args.note,
+    result = {"environment": env, "iterations": args.iterations, "rounds": args.rounds,
+              "notes": args.note,
               "complete": False, "peak_tflops": measure_peak_tflops(), "rows": []}
     print(f"bf16 GEMM peak {result['peak_tflops']:.0f} TFLOP/s; {len(configs)} configurations "
           f"-> {stem}.json", flush=True)
@@ -286,7 +328,7 @@ def main(argv=None):
     done = []
     for i, (model, m) in enumerate(configs):
         began = time.perf_counter()
-        row = bench_one(model, m, args.iterations, jax.random.fold_in(key, i))
+        row = bench_one(model, m, args.iterations, jax.random.fold_in(key, i), args.rounds)
         result["rows"].append(row)
         result["complete"] = i + 1 == len(configs)
         with open(stem + ".json", "w") as f:  # after every row: a cut-short run keeps its data

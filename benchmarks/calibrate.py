@@ -3,8 +3,9 @@
     python benchmarks/calibrate.py                       # all shapes, M in 128 512 2048 8192
     python benchmarks/calibrate.py --m 1 128 2048 --out calib.json
 
-For each (model, M) it times, side by side on the same rotated inputs, the XLA reference
-and every config of every fused kernel (forced through JAX_SWIGLU_KERNEL/JAX_SWIGLU_CONFIG),
+For each (model, M) it times, side by side on the same rotated inputs and in interleaved
+rounds, the XLA reference and every config of every fused kernel (forced through
+JAX_SWIGLU_KERNEL/JAX_SWIGLU_CONFIG),
 then prints the fastest per (model, M) and, per M, the config that wins most often.
 The JSON (written after every row) is rendered as a markdown table next to it by
 report.py (python benchmarks/report.py calib.json does it again from a saved JSON).
@@ -32,32 +33,36 @@ import jax_swiglu  # noqa: E402
 from jax_swiglu import QWEN25_MLPS, _selection  # noqa: E402
 
 
-def _timed(variant, xs, ws, iterations):
-    jax.clear_caches()  # the forcing variables are read when a function is lowered
-    fn = jax.jit(lambda xs, ws: [variant(x, w) for x, w in zip(xs, ws)])
-    return bench_swiglu._measure_gpu_ms(fn, (xs, ws), iterations) * 1e3 / len(xs)
+def _compiled(variant, xs, ws):
+    # Compiled now, while the forcing variables are set (they are read at lowering).
+    return jax.jit(lambda xs, ws: [variant(x, w) for x, w in zip(xs, ws)]).lower(xs, ws).compile()
 
 
-def calibrate(model, m, iterations, key, launches):
+def calibrate(model, m, iterations, key, launches, rounds=bench_swiglu.ROUNDS):
     k, n = QWEN25_MLPS[model]
     sets = bench_swiglu.make_rotation(key, m, k, n)
     xs, ws = [s[0] for s in sets], [s[1] for s in sets]
-    times = {"xla": _timed(bench_swiglu.xla_separate, xs, ws, iterations)}
+    fns = {"xla": _compiled(bench_swiglu.xla_separate, xs, ws)}
     for kernel, launch in launches:
         os.environ[_selection.ENV_VAR] = kernel
         os.environ[_selection.CONFIG_ENV_VAR] = launch
         try:
-            times[f"{kernel}:{launch}"] = _timed(bench_swiglu.fused("auto"), xs, ws, iterations)
+            fns[f"{kernel}:{launch}"] = _compiled(bench_swiglu.fused("auto"), xs, ws)
         finally:
             del os.environ[_selection.ENV_VAR], os.environ[_selection.CONFIG_ENV_VAR]
-    return {"model": model, "m": m, "k": k, "n": n, "gpu_us": times}
+    gpu_ms, _ = bench_swiglu.measure_side_by_side(fns, (xs, ws), iterations, rounds)
+    return {"model": model, "m": m, "k": k, "n": n,
+            "gpu_us": {name: t * 1e3 / len(xs) for name, t in gpu_ms.items()}}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=list(QWEN25_MLPS))
     parser.add_argument("--m", nargs="*", type=int, default=[128, 512, 2048, 8192])
-    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=10,
+                        help="timed calls per launch and row, split over --rounds")
+    parser.add_argument("--rounds", type=int, default=bench_swiglu.ROUNDS,
+                        help="interleaved rounds: each times every launch in turn")
     parser.add_argument("--out", default="calibration.json")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no new (model, M) row after this many seconds; the report"
@@ -79,7 +84,7 @@ def main(argv=None):
     rows = []
     kernels = {kernel for kernel, _ in launches}
     result = {"kind": "calibration", "environment": bench_swiglu.environment(),
-              "iterations": args.iterations, "notes": args.note,
+              "iterations": args.iterations, "rounds": args.rounds, "notes": args.note,
               "launches": [f"{kernel}:{launch}" for kernel, launch in launches],
               "configs": {kernel: {str(i): dataclasses.asdict(c) for i, c in table.items()}
                           for kernel, table in jax_swiglu.kernel_configs().items()
@@ -94,7 +99,8 @@ def main(argv=None):
                   f"{len(configs)} rows", flush=True)
             break
         began = time.perf_counter()
-        row = calibrate(model, m, args.iterations, jax.random.fold_in(key, i), launches)
+        row = calibrate(model, m, args.iterations, jax.random.fold_in(key, i), launches,
+                        args.rounds)
         rows.append(row)
         result["complete"] = i + 1 == len(configs)
         with open(args.out, "w") as f:  # after every row: a cut-short run keeps its data

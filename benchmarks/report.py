@@ -85,6 +85,18 @@ def _iterations(result):
     return int(found.group(1)) if found else None
 
 
+def _median_words(result) -> str:
+    """'median of N' (with the interleaved rounds, where the run recorded them)."""
+    iterations = _iterations(result)
+    if not iterations:
+        return "median"
+    rounds = result.get("rounds")
+    if not rounds:
+        return f"median of {iterations}"
+    per_round = -(-iterations // rounds)
+    return f"median of {per_round * rounds} in {rounds} interleaved rounds"
+
+
 def _command_line(env) -> str:
     commit = f" (commit {env['git']})" if env.get("git") else ""
     return f"Command: `{env['command']}`{commit}."
@@ -178,8 +190,7 @@ def benchmark_markdown(result) -> str:
     env = result["environment"]
     rows = result["rows"]
     fused = fused_kernels(result)
-    iterations = _iterations(result)
-    median = f"median of {iterations}" if iterations else "median"
+    median = _median_words(result)
     lines = _notes(result) + ([""] if _notes(result) else []) + [
         f"{_gpu_line(env)}; measured bf16 GEMM peak {result['peak_tflops']:.0f} TFLOP/s.",
         f"{_command_line(env)} GPU time (CUPTI), microseconds per call, {median}.",
@@ -233,8 +244,7 @@ def calibration_markdown(result) -> str:
         re.fullmatch(r"[^:]+:\d+", c) for c in columns)
     forced = (f"every {', '.join(kernels)} tile config forced" if every
               else "the tile configs in the columns forced (KERNEL:LAUNCH)")
-    iterations = _iterations(result)
-    median = f"median of {iterations}" if iterations else "median"
+    median = _median_words(result)
     lines = _notes(result) + ([""] if _notes(result) else []) + [
         f"Calibration run: {forced}, GPU time (CUPTI, {median}, rotated weights), "
         "microseconds per call.",

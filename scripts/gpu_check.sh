@@ -11,7 +11,9 @@
 #   6. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS, several
 #      runs separated by ';'),
 #   7. with TENSOR_PARALLEL=1, benchmarks/tensor_parallel.py (TP_ARGS) on the local GPUs,
-#   8. with SANITIZE=1, scripts/sanitize.sh (compute-sanitizer; TOOLS, TOOL_TIMEOUT pass
+#   8. with SASS=1 (after the build), the kernels' machine code (sass.txt.gz) and per kernel
+#      its MUFU and FMA-pipe instruction counts in summary.txt,
+#   9. with SANITIZE=1, scripts/sanitize.sh (compute-sanitizer; TOOLS, TOOL_TIMEOUT pass
 #      through), its summary appended to summary.txt and its logs joined in sanitize.log.
 # TESTS=0 skips step 3; TEST_TIMEOUT (seconds, default 1800) bounds it, so a hung kernel
 # still leaves the later steps time to run.
@@ -50,6 +52,18 @@ echo "built in $(( $(date +%s) - start )) s; ptxas per kernel:" >> "$SUMMARY"
 grep -E "Compiling entry function|spill stores|Used [0-9]+ registers" "$OUT/build.log" \
   | sed -E 's/Compiling entry function .*(Cooperative|Pingpong)[^ ]*(bfloat16_t|half_t).*/kernel \1 \2/' \
   >> "$SUMMARY"
+
+if [ "${SASS:-0}" = 1 ]; then
+  # The kernels' machine code (cuobjdump), and per kernel its count of MUFU (the SM's
+  # 16-per-clock special-function unit) and FMA-pipe instructions: the epilogue's budget.
+  so=$(cd / && "$PY" -c "import jax_swiglu._kernels as k; print(k.__file__)")
+  cuobjdump -sass "$so" > "$OUT/sass.txt" 2>&1
+  awk '/Function :/ { name = $3 } /MUFU/ { mufu[name]++ } /[^A-Z](FFMA|FMUL|FADD)[ .]/ { fma[name]++ }
+       END { for (n in mufu) printf "sass %s: MUFU %d, FFMA/FMUL/FADD %d\n", n, mufu[n], fma[n] }' \
+    "$OUT/sass.txt" | sed -E 's/_Z[^ ]*(Cooperative|Pingpong)[^ ]*(bfloat16_t|half_t)[^:]*/\1 \2/' \
+    >> "$SUMMARY"
+  gzip -f "$OUT/sass.txt"
+fi
 
 if [ "${TESTS:-1}" = 1 ]; then
   echo "== tests" | tee -a "$SUMMARY"

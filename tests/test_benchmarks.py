@@ -152,6 +152,21 @@ def test_calibration_markdown_reproduces_the_recorded_table():
     assert ours[4:] == theirs[4:]  # the table
 
 
+def test_variants_are_timed_in_interleaved_rounds(monkeypatch):
+    import bench_swiglu
+    calls = []
+    monkeypatch.setattr(bench_swiglu, "_warm_up", lambda fn, args: calls.append(("warm", fn)))
+    monkeypatch.setattr(bench_swiglu, "_gpu_samples_ms",
+                        lambda fn, args, n: calls.append(("gpu", fn, n)) or [fn * 1.0] * n)
+    monkeypatch.setattr(bench_swiglu, "_wall_samples_ms",
+                        lambda fn, args, n: calls.append(("wall", fn, n)) or [fn * 2.0] * n)
+    gpu, wall = bench_swiglu.measure_side_by_side({"a": 1, "b": 2}, (), iterations=5, rounds=2)
+    assert gpu == {"a": 1.0, "b": 2.0} and wall == {"a": 2.0, "b": 4.0}
+    # Everything warmed up first, then a, b, a, b: drift over the run is shared.
+    assert calls == [("warm", 1), ("warm", 2)] + [
+        (kind, fn, 3) for _ in range(2) for fn in (1, 2) for kind in ("gpu", "wall")]
+
+
 def test_remaining_time_estimate():
     import bench_swiglu
     assert bench_swiglu.estimate_remaining_s([], [1e9]) == 0.0
@@ -199,7 +214,10 @@ def test_calibrate_main_writes_the_run(tmp_path, monkeypatch):
     import calibrate
     import jax_swiglu
 
-    def fake(model, m, iterations, key, launches):
+    rounds_seen = []
+
+    def fake(model, m, iterations, key, launches, rounds):
+        rounds_seen.append(rounds)
         k, n = SHAPES[model]
         return {"model": model, "m": m, "k": k, "n": n,
                 "gpu_us": {"xla": 10.0, **{f"{kernel}:{launch}": 9.0 + j
@@ -208,11 +226,13 @@ def test_calibrate_main_writes_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "calibrate", fake)
     out = tmp_path / "calibration.json"
     calibrate.main(["--models", "qwen2.5-0.5b", "qwen2.5-3b", "--m", "128", "--iterations", "3",
+                    "--rounds", "2",
                     "--launches", "interleaved:0,swizzle=4", "interleaved:2", "--out", str(out)])
     saved = json.loads(out.read_text())
     assert saved["kind"] == "calibration" and saved["complete"] and len(saved["rows"]) == 2
+    assert rounds_seen == [2, 2] and saved["rounds"] == 2
     md = (tmp_path / "calibration.md").read_text()
-    assert "the tile configs in the columns forced (KERNEL:LAUNCH)" in md and "median of 3" in md
+    assert "the tile configs in the columns forced (KERNEL:LAUNCH)" in md and "median of 4 in 2 interleaved rounds" in md
     assert "| qwen2.5-3b | 128 | 10.0 | 9.0 | 10.0 | interleaved:0,swizzle=4 | 1.11x |" in md
     if jax_swiglu.kernel_configs():  # the extension is built: every config by default
         assert "Configs (ffi/kernel_configs.h, as run): 0 = " in md

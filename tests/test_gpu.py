@@ -116,6 +116,30 @@ def test_float16(kernel, m, key):
 
 
 @pytest.mark.parametrize("kernel", FUSED_KERNELS)
+def test_silu_over_the_whole_float_range(kernel):
+    """The epilogue's SiLU (one MUFU exp, a Newton reciprocal) against the reference's, for
+    gates from -inf to inf: x = e_0 makes every row's gate and up the first weight row."""
+    m, k, n = 128, 64, 1024
+    specials = [-np.inf, np.inf, np.nan, -1e30, -120.0, -88.5, -87.0, -0.0, 0.0, 1e-30, 1e30]
+    gates = np.concatenate([specials, np.linspace(-100, 100, n - len(specials))])
+    ups = np.where(np.arange(n) % 2 == 0, 1.0, -3.0)
+    w_gate = jnp.zeros((k, n), jnp.bfloat16).at[0].set(jnp.asarray(gates, jnp.bfloat16))
+    w_up = jnp.zeros((k, n), jnp.bfloat16).at[0].set(jnp.asarray(ups, jnp.bfloat16))
+    x = jnp.zeros((m, k), jnp.bfloat16).at[:, 0].set(1)
+    y = np.asarray(_fused(kernel)(jnp.full((m, n), jnp.nan, jnp.bfloat16), x,
+                                  pack_weights(w_gate, w_up)), np.float32)
+    g, u = (np.asarray(w.astype(jnp.float32))[0] for w in (w_gate, w_up))
+    r = np.asarray(jax.nn.silu(jnp.asarray(g)) * jnp.asarray(u), np.float32)[None, :]
+    np.testing.assert_array_equal(np.isnan(y), np.broadcast_to(np.isnan(r), y.shape))
+    np.testing.assert_array_equal(np.isinf(y), np.broadcast_to(np.isinf(r), y.shape))
+    finite = np.isfinite(r)[0]
+    assert (y[:, ~finite & ~np.isnan(r[0])] == r[:, ~finite & ~np.isnan(r[0])]).all()  # +-inf
+    # Near g = -87 both are ~1e-36, below 1e-30; from about -88 on both are -0.
+    np.testing.assert_allclose(y[:, finite], np.broadcast_to(r[:, finite], (m, finite.sum())),
+                               rtol=0.01, atol=1e-30)
+
+
+@pytest.mark.parametrize("kernel", FUSED_KERNELS)
 def test_output_is_written_in_place(kernel, key):
     """The poisoning works: the donated NaN buffer is the custom call's output buffer."""
     packed = pack_weights(*random_weights(key, 256, 512))

@@ -305,8 +305,14 @@ struct GateThenUpMainloop {
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_gate);
     release_stage();
+    // Fragment elements alternate between a thread's two adjacent columns; SiLU alternates
+    // its reciprocal the same way (see Silu).
+    static_assert(size(acc_gate) % 2 == 0);
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc_gate); ++i) acc_gate(i) = Silu(acc_gate(i));
+    for (int i = 0; i < size(acc_gate); i += 2) {
+      acc_gate(i) = Silu<true>(acc_gate(i));
+      acc_gate(i + 1) = Silu<false>(acc_gate(i + 1));
+    }
     warpgroup_fence_operand(acc_gate);
 
     CUTLASS_PRAGMA_NO_UNROLL

@@ -23,13 +23,41 @@
 
 namespace jax_swiglu {
 
-// SiLU(g) in fp32, with the fast hardware exp2 and reciprocal (MUFU): about 2 ulp, far
-// inside the 1% budget, and no IEEE-division slow path, whose subroutine call would spill
-// registers next to 128 live accumulators. Limits match the reference: for very negative
-// g, 1 + exp(-g) = inf and the reciprocal is 0, so SiLU(g) = -0; SiLU(-inf) and NaN give NaN.
+// SiLU(g) = g / (1 + exp(-g)) in fp32, two ways that cost the SM different things. The
+// cooperative kernel's epilogue runs while the tensor cores wait, and for a 128x128 output
+// tile it is bound by two limits: the SM issues one instruction per clock per scheduler
+// (each of the 8 math warps issues ~1000 instructions per tile, 2 warps per scheduler)
+// and 16 MUFU ops per clock (CUDA guide's throughput table). Both ways use MUFU.EX2 for
+// exp(-g); the reciprocal is either:
+//  - MUFU.RCP: 6 instructions per element, 2 of them MUFU, or
+//  - Newton-Raphson on the FMA pipe: 11 instructions, 1 MUFU. A guess from the float's
+//    bits (relative error at most 0.101 over [1, 2^128)) and two Newton steps, each
+//    squaring the error: at most 1.1e-4 (an fp32 emulation over that range), a twentieth
+//    of a bf16 half-ulp, so the output still rounds once from a near-exact value.
+// MUFU.RCP alone makes a tile's SiLU 2048 MUFU clocks, Newton alone ~2000 issue clocks;
+// alternating them (`Combine` takes the even/odd column of each pair) ~1650.
+// Range, both ways: SiLU(+inf) = inf, SiLU(-inf) = -inf * 0 = NaN, SiLU(NaN) = NaN, and
+// below g = -88 the sigmoid is exactly 0, as in the reference. MUFU.RCP gets there from
+// 1 / inf = 0; Newton caps exp(-g) just below 2^128 (so 1 + exp(-g) stays finite) and
+// clamps the bit guess at +0 from ~2^127 on, which the steps keep.
+template <bool kNewtonReciprocal>
 CUTLASS_DEVICE float Silu(float gate) {
-  float sigmoid;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(sigmoid) : "f"(1.0f + __expf(-gate)));
+  constexpr float kMinusLog2E = -1.44269504088896341f;
+  float exp_minus_gate, sigmoid;
+  if constexpr (kNewtonReciprocal) {
+    constexpr float kMaxExponent = 127.99f;       // 2^127.99 < FLT_MAX
+    constexpr int kReciprocalGuess = 0x7EF311C3;  // 2^127 / d, roughly, in integer bits
+    asm("ex2.approx.ftz.f32 %0, %1;"
+        : "=f"(exp_minus_gate)
+        : "f"(fminf(gate * kMinusLog2E, kMaxExponent)));  // fminf(NaN, c) = c
+    const float denominator = 1.0f + exp_minus_gate;
+    sigmoid = __int_as_float(max(kReciprocalGuess - __float_as_int(denominator), 0));
+    sigmoid = fmaf(sigmoid, fmaf(-denominator, sigmoid, 1.0f), sigmoid);
+    sigmoid = fmaf(sigmoid, fmaf(-denominator, sigmoid, 1.0f), sigmoid);
+  } else {
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(exp_minus_gate) : "f"(gate * kMinusLog2E));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(sigmoid) : "f"(1.0f + exp_minus_gate));
+  }
   return gate * sigmoid;
 }
 
@@ -51,7 +79,11 @@ struct InterleavedPairs {
   CUTLASS_HOST_DEVICE static int OutputColumn(int packed_n) {
     return (packed_n / (2 * kGateUpBlock)) * kGateUpBlock + packed_n % kGateUpBlock;
   }
-  CUTLASS_DEVICE static float Combine(float gate, float up) { return Silu(gate) * up; }
+  // `column`: 0 or 1, which of a thread's two adjacent columns (see Silu for why).
+  template <int column>
+  CUTLASS_DEVICE static float Combine(float gate, float up) {
+    return Silu<column == 0>(gate) * up;
+  }
 };
 
 // Gate-then-up (pingpong) kernel: the gate pass accumulates into MMA_N index 0 and the up
@@ -61,7 +93,10 @@ struct SequentialPairs {
   CUTLASS_HOST_DEVICE static constexpr int UpBlock(int block) { return block; }
   CUTLASS_HOST_DEVICE static constexpr int UpMmaN(int /*mma_n*/) { return 1; }
   CUTLASS_HOST_DEVICE static int OutputColumn(int packed_n) { return packed_n; }
-  CUTLASS_DEVICE static float Combine(float silu_gate, float up) { return silu_gate * up; }
+  template <int column>
+  CUTLASS_DEVICE static float Combine(float silu_gate, float up) {
+    return silu_gate * up;
+  }
 };
 
 template <class ElementD_, class CtaTileShape_, class Pairs = InterleavedPairs>
@@ -83,6 +118,23 @@ class SwiGluEpilogue {
   using SmemLayoutD = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_K_SW128_Atom<ElementD>{},
       cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>>{}));
+
+  // SmemLayoutD by hand, for the stores: (m, n)'s element offset before the swizzle, in
+  // 8-row x 64-column atoms placed M first. The swizzle then XORs the offset's bits 3-5
+  // (byte bits 4-6: the 16-byte chunk) with bits 6-8 (m % 8).
+  CUTLASS_HOST_DEVICE static constexpr int LinearOffset(int m, int n) {
+    return (m / 8) * 512 + (n / 64) * 64 * kTileM + (m % 8) * 64 + n % 64;
+  }
+  static_assert(sizeof(ElementD) == 2 &&
+                    cute::is_same_v<cute::remove_cvref_t<decltype(SmemLayoutD{}.layout_a())>,
+                                    cute::Swizzle<3, 4, 3>>,
+                "LinearOffset assumes the 128-byte swizzle of 16-bit elements");
+  static_assert(SmemLayoutD{}.layout_b()(0, 1) == LinearOffset(0, 1) &&
+                    SmemLayoutD{}.layout_b()(7, 63) == LinearOffset(7, 63) &&
+                    SmemLayoutD{}.layout_b()(9, 5) == LinearOffset(9, 5) &&
+                    SmemLayoutD{}.layout_b()(kTileM - 1, kTileN - 1) ==
+                        LinearOffset(kTileM - 1, kTileN - 1),
+                "LinearOffset must match SmemLayoutD");
 
   // The kernel instantiates load/store pipelines from these; nothing is loaded and the
   // store side is tracked with bulk-async groups, so they are the empty ones.
@@ -211,16 +263,27 @@ class SwiGluEpilogue {
     tma_store_wait<0>();
     sync_epilogue_threads();
 
-    Tensor sD = make_tensor(make_smem_ptr(shared_tensors.smem_d.begin()), SmemLayoutD{});
     // (m, packed n) tile coordinate of every accumulator this thread holds. The thread
     // index goes through an opaque move first: otherwise the compiler hoists these
-    // loop-invariant addresses out of the persistent tile loop, and they sit in registers
+    // loop-invariant values out of the persistent tile loop, and they sit in registers
     // through every mainloop, next to the accumulators (spilling in the pingpong kernel).
     int opaque_thread_idx;
     asm volatile("mov.b32 %0, %1;" : "=r"(opaque_thread_idx) : "r"(thread_idx));
     Tensor tAcc_coord = tiled_mma.get_slice(opaque_thread_idx)
                             .partition_C(make_identity_tensor(take<0, 2>(tile_shape_mnk)));
     static_assert(decltype(size(tAcc_coord))::value == decltype(size(accumulators))::value);
+
+    // Shared-memory addresses without the generic layout arithmetic, which cost ~13 integer
+    // instructions per 4-byte store (the epilogue is issue-bound: the tensor cores wait).
+    // A thread's accumulators sit at (m0 + dm, p0 + dn) from its first one, dm and dn
+    // compile-time multiples of 8 and p0 < 8. So LinearOffset splits into a per-thread
+    // base and a compile-time part, and the swizzle, which XORs bits 3-5 (the 8-column
+    // chunk) with m % 8 = m0 % 8, is one XOR with a per-thread constant.
+    const int m0 = get<0>(tAcc_coord(0));
+    const int p0 = get<1>(tAcc_coord(0));
+    const int swizzle_xor = (m0 % 8) * 8;
+    const uint32_t thread_base = cute::cast_smem_ptr_to_uint(shared_tensors.smem_d.begin()) +
+                                 sizeof(ElementD) * LinearOffset(m0, p0);
 
     cutlass::NumericArrayConverter<ElementD, float, 2, cutlass::FloatRoundStyle::round_to_nearest>
         convert;
@@ -240,16 +303,19 @@ class SwiGluEpilogue {
             auto up1 = make_coord(make_coord(1, row, up_block), mma_m, up_mma_n);
 
             cutlass::Array<float, 2> value;
-            value[0] = Pairs::Combine(accumulators(gate0), accumulators(up0));
-            value[1] = Pairs::Combine(accumulators(gate1), accumulators(up1));
+            value[0] = Pairs::template Combine<0>(accumulators(gate0), accumulators(up0));
+            value[1] = Pairs::template Combine<1>(accumulators(gate1), accumulators(up1));
             cutlass::Array<ElementD, 2> rounded = convert(value);
 
+            // Output columns n and n + 1 (n even) share one 4-byte word under the swizzle.
             auto coord = tAcc_coord(gate0);
-            int m = get<0>(coord);
-            int n = Pairs::OutputColumn(get<1>(coord));
-            // Columns n and n + 1 (n even) share one 4-byte word under the swizzle.
-            *reinterpret_cast<uint32_t*>(&sD(m, n)) =
-                reinterpret_cast<uint32_t const&>(rounded);
+            const int dm = get<0>(coord) - m0;                        // compile-time
+            const int dn = Pairs::OutputColumn(get<1>(coord) - p0);   // compile-time
+            const uint32_t address =
+                thread_base + sizeof(ElementD) * (LinearOffset(dm, dn) ^ swizzle_xor);
+            asm volatile("st.shared.b32 [%0], %1;"
+                         :
+                         : "r"(address), "r"(reinterpret_cast<uint32_t const&>(rounded)));
           }
         }
       }
@@ -264,6 +330,7 @@ class SwiGluEpilogue {
       int m_total = get<0>(problem_shape_mnkl);
       Tensor mD = params_.tma_store_d.get_tma_tensor(make_shape(m_total, params_.n));
       Tensor gD = local_tile(mD, Shape<Int<kTileM>, Int<kTileN>>{}, make_coord(m_coord, n_coord));
+      Tensor sD = make_tensor(make_smem_ptr(shared_tensors.smem_d.begin()), SmemLayoutD{});
       auto cta_tma = params_.tma_store_d.get_slice(Int<0>{});
       copy(params_.tma_store_d, cta_tma.partition_S(sD), cta_tma.partition_D(gD));
       tma_store_arrive();
