@@ -52,15 +52,16 @@ class Rule:
 
 
 _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below refer to
-_N_72B = 28 * 1024  # between the 32B (27648) and 72B (29568) intermediate sizes
 
-# Rows are tried in order; the first that admits (M, N) wins. Derived from three runs on
+# Rows are tried in order; the first that admits (M, N) wins. Derived from runs on
 # an H200, all under benchmarks/results/NVIDIA_H200/ (each row's "why" quotes GPU times
 # from them: our kernel first, then the alternative it beat or lost to):
 #   2026-11-29-calibration-both-kernels.md  both kernels, every interleaved config that ever
 #       won, the 7 Qwen2.5 MLPs at M = 128, 512, 1024, 2048, 4096, 8192, 16384;
 #   2026-11-29-calibration-small-m.md       M = 1, 8, 32, 64;
-#   2026-11-29-calibration-tile-order.md    swizzle/raster of config 0, 7B..72B, M >= 8192.
+#   2026-11-29-calibration-tile-order-rounds.md  swizzle 1/4/8 of config 0, 7B..72B, M = 8192,
+#       timed in interleaved rounds. (An earlier run, -calibration-tile-order.md, timed each
+#       launch in one block and had favoured swizzling by 5-7%: clock drift, not reuse.)
 # The pingpong kernel (Kernel-1) has no row: it was slower than the best interleaved config
 # on every shape and M (1.1-1.3x at M = 128, 1.4-2.6x at M >= 2048; README, "The kernels").
 # An "xla" row runs the reference lowering on the packed weights (one [K, 2N] GEMM with an
@@ -97,15 +98,9 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest on every shape "
          "at 1024 < M <= 4096)"),
     Rule(None, "interleaved", 0,
-         "M > 4096, 72B: 128x256 tiles, 2x1 cluster, tiles visited in groups of 8 for L2 reuse "
-         "(M=8192: 11.09 vs 11.91 ms, M=16384: 23.9 vs 25.1 ms unswizzled)",
-         min_n=_N_72B, swizzle=8),
-    Rule(None, "interleaved", 0,
-         "M > 4096, N > 12672: 128x256 tiles, 2x1 cluster, tiles visited in groups of 4 for "
-         "L2 reuse (32B M=8192: 5.93 vs 6.29 ms unswizzled)", min_n=_SMS * 96, swizzle=4),
-    Rule(None, "interleaved", 0,
          "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest on every shape "
-         "at M >= 2048)"),
+         "at M >= 2048); tiles in swizzled groups of 4 or 8 measured no faster side by side "
+         "(M=8192, 72B: 10.79 vs 11.04/11.13 ms, 32B: 6.01 vs 6.01/5.94 ms)"),
 )
 
 
