@@ -66,7 +66,7 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 # on every shape and M (1.1-1.3x at M = 128, 1.4-2.6x at M >= 2048; README, "The kernels").
 # An "xla" row runs the reference lowering on the packed weights (one [K, 2N] GEMM with an
 # fp32 result, then SiLU * up): slower than XLA on separate weights at large M, so such a
-# row is only worth it where XLA wins clearly (benchmark 2026-11-29, 72B M=8192: that path
+# row is only worth it where XLA wins clearly (2026-11-29-first-table.md, 72B M=8192: that path
 # 12.05 ms, our kernel 11.18 ms, XLA on separate weights 11.43 ms).
 # Config ids: ffi/kernel_configs.h.
 SELECTION_TABLE: tuple[Rule, ...] = (
