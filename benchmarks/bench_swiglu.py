@@ -97,6 +97,8 @@ def _gpu_samples_ms(fn, args, iterations):
     """Per-call GPU times (ms) of `iterations` calls of an already warmed-up fn, via CUPTI."""
     from jax.experimental.mosaic.gpu import profiler
     _, times = profiler.measure(fn, iterations=iterations)(*args)
+    if times is None:
+        raise RuntimeError("CUPTI recorded no GPU kernel for the measured call")
     return list(times) if iterations > 1 else [times]
 
 
@@ -124,8 +126,8 @@ def _measure_wall_ms(fn, args, iterations):
     return statistics.median(_wall_samples_ms(fn, args, iterations))
 
 
-def measure_side_by_side(fns, args, iterations, rounds):
-    """Median GPU and wall ms of each fn, measured in interleaved rounds.
+def measure_side_by_side(fns, args, iterations, rounds, wall=True):
+    """Median GPU and (with ``wall``; else None) wall ms of each fn, in interleaved rounds.
 
     A run at the 700 W limit drifts (clocks, temperature) over seconds; timing each
     variant in one block would charge that drift to whichever came last. So every round
@@ -135,14 +137,16 @@ def measure_side_by_side(fns, args, iterations, rounds):
     for fn in fns.values():
         _warm_up(fn, args)
     per_round = max(1, math.ceil(iterations / rounds))
-    gpu = {name: [] for name in fns}
-    wall = {name: [] for name in fns}
+    gpu_samples = {name: [] for name in fns}
+    wall_samples = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            gpu[name] += _gpu_samples_ms(fn, args, per_round)
-            wall[name] += _wall_samples_ms(fn, args, per_round)
-    return ({name: statistics.median(t) for name, t in gpu.items()},
-            {name: statistics.median(t) for name, t in wall.items()})
+            gpu_samples[name] += _gpu_samples_ms(fn, args, per_round)
+            if wall:
+                wall_samples[name] += _wall_samples_ms(fn, args, per_round)
+    def medians(samples):
+        return {name: statistics.median(t) for name, t in samples.items()}
+    return medians(gpu_samples), (medians(wall_samples) if wall else None)
 
 
 def _make_sets(key, m, k, n, count):
@@ -293,7 +297,8 @@ def main(argv=None):
     parser.add_argument("--models", nargs="*", default=list(QWEN25_MLPS))
     parser.add_argument("--m", nargs="*", type=int, default=list(M_VALUES))
     parser.add_argument("--iterations", type=int, default=20,
-                        help="timed calls per variant and configuration, split over --rounds")
+                        help="timed calls per variant and configuration, split over --rounds "
+                             "(rounded up to a multiple of it)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="interleaved rounds: each times every variant in turn")
     parser.add_argument("--out-dir", default=None,

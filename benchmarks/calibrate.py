@@ -50,7 +50,7 @@ def calibrate(model, m, iterations, key, launches, rounds=bench_swiglu.ROUNDS):
             fns[f"{kernel}:{launch}"] = _compiled(bench_swiglu.fused("auto"), xs, ws)
         finally:
             del os.environ[_selection.ENV_VAR], os.environ[_selection.CONFIG_ENV_VAR]
-    gpu_ms, _ = bench_swiglu.measure_side_by_side(fns, (xs, ws), iterations, rounds)
+    gpu_ms, _ = bench_swiglu.measure_side_by_side(fns, (xs, ws), iterations, rounds, wall=False)
     return {"model": model, "m": m, "k": k, "n": n,
             "gpu_us": {name: t * 1e3 / len(xs) for name, t in gpu_ms.items()}}
 
@@ -60,7 +60,8 @@ def main(argv=None):
     parser.add_argument("--models", nargs="*", default=list(QWEN25_MLPS))
     parser.add_argument("--m", nargs="*", type=int, default=[128, 512, 2048, 8192])
     parser.add_argument("--iterations", type=int, default=10,
-                        help="timed calls per launch and row, split over --rounds")
+                        help="timed calls per launch and row, split over --rounds (rounded up "
+                             "to a multiple of it)")
     parser.add_argument("--rounds", type=int, default=bench_swiglu.ROUNDS,
                         help="interleaved rounds: each times every launch in turn")
     parser.add_argument("--out", default="calibration.json")

@@ -54,13 +54,15 @@ grep -E "Compiling entry function|spill stores|Used [0-9]+ registers" "$OUT/buil
   >> "$SUMMARY"
 
 if [ "${SASS:-0}" = 1 ]; then
-  # The kernels' machine code (cuobjdump), and per kernel its count of MUFU (the SM's
-  # 16-per-clock special-function unit) and FMA-pipe instructions: the epilogue's budget.
+  # The kernels' machine code (cuobjdump), and per kernel (by schedule and dtype; the
+  # interleaved tile configs share a name) its static count of MUFU instructions (the SM's
+  # 16-per-clock special-function unit: SiLU's exp and reciprocals) and FP32 FFMA/FMUL/FADD.
   so=$(cd / && "$PY" -c "import jax_swiglu._kernels as k; print(k.__file__)")
-  cuobjdump -sass "$so" > "$OUT/sass.txt" 2>&1
+  cuobjdump -sass "$so" > "$OUT/sass.txt" 2>&1 || echo "cuobjdump failed (see sass.txt)" >> "$SUMMARY"
   awk '/Function :/ { name = $3 } /MUFU/ { mufu[name]++ } /[^A-Z](FFMA|FMUL|FADD)[ .]/ { fma[name]++ }
        END { for (n in mufu) printf "sass %s: MUFU %d, FFMA/FMUL/FADD %d\n", n, mufu[n], fma[n] }' \
-    "$OUT/sass.txt" | sed -E 's/_Z[^ ]*(Cooperative|Pingpong)[^ ]*(bfloat16_t|half_t)[^:]*/\1 \2/' \
+    "$OUT/sass.txt" | sed -E -e 's/_Z[^ ]*GateThenUpMainloop[^ ]*(bfloat16_t|half_t)[^:]*/GateThenUp \1/' \
+    -e 's/_Z[^ ]*(Cooperative|Pingpong)[^ ]*(bfloat16_t|half_t)[^:]*/\1 \2/' | sort \
     >> "$SUMMARY"
   gzip -f "$OUT/sass.txt"
 fi

@@ -165,6 +165,9 @@ def test_variants_are_timed_in_interleaved_rounds(monkeypatch):
     # Everything warmed up first, then a, b, a, b: drift over the run is shared.
     assert calls == [("warm", 1), ("warm", 2)] + [
         (kind, fn, 3) for _ in range(2) for fn in (1, 2) for kind in ("gpu", "wall")]
+    calls.clear()  # GPU time only (calibrate.py): no wall-time calls
+    assert bench_swiglu.measure_side_by_side({"a": 1}, (), 2, 2, wall=False) == ({"a": 1.0}, None)
+    assert [c[0] for c in calls] == ["warm", "gpu", "gpu"]
 
 
 def test_remaining_time_estimate():

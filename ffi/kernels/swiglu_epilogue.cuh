@@ -31,15 +31,17 @@ namespace jax_swiglu {
 // exp(-g); the reciprocal is either:
 //  - MUFU.RCP: 6 instructions per element, 2 of them MUFU, or
 //  - Newton-Raphson on the FMA pipe: 11 instructions, 1 MUFU. A guess from the float's
-//    bits (relative error at most 0.101 over [1, 2^128)) and two Newton steps, each
-//    squaring the error: at most 1.1e-4 (an fp32 emulation over that range), a twentieth
-//    of a bf16 half-ulp, so the output still rounds once from a near-exact value.
+//    bits (relative error at most 0.051 while 1 + exp(-g) < 2^125, i.e. g > -86.6) and
+//    two Newton steps, each squaring the error: at most 6.6e-6 there (an fp32 emulation),
+//    far below a bf16 half-ulp, so the output still rounds once from a near-exact value.
 // MUFU.RCP alone makes a tile's SiLU 2048 MUFU clocks, Newton alone ~2000 issue clocks;
 // alternating them (`Combine` takes the even/odd column of each pair) ~1650.
-// Range, both ways: SiLU(+inf) = inf, SiLU(-inf) = -inf * 0 = NaN, SiLU(NaN) = NaN, and
-// below g = -88 the sigmoid is exactly 0, as in the reference. MUFU.RCP gets there from
-// 1 / inf = 0; Newton caps exp(-g) just below 2^128 (so 1 + exp(-g) stays finite) and
-// clamps the bit guess at +0 from ~2^127 on, which the steps keep.
+// Range, both ways: SiLU(+inf) = inf, SiLU(-inf) = -inf * 0 = NaN, SiLU(NaN) = NaN, as in
+// the reference. Below g = -86.6 the sigmoid is under 2^-125, and each way returns a tiny
+// value or 0 where the reference has a tiny value or 0 (outputs at most ~1e-36 apart):
+// MUFU.RCP flushes denormal results to 0; Newton caps exp(-g) just below 2^128 (so
+// 1 + exp(-g) stays finite), its guess degrades past 2^125 and is clamped to +0 from
+// ~2^127 on, which the steps keep.
 template <bool kNewtonReciprocal>
 CUTLASS_DEVICE float Silu(float gate) {
   constexpr float kMinusLog2E = -1.44269504088896341f;
@@ -76,7 +78,7 @@ struct InterleavedPairs {
   }
   CUTLASS_HOST_DEVICE static constexpr int UpBlock(int block) { return block + kBlocksPerHalf; }
   CUTLASS_HOST_DEVICE static constexpr int UpMmaN(int mma_n) { return mma_n; }
-  CUTLASS_HOST_DEVICE static int OutputColumn(int packed_n) {
+  CUTLASS_HOST_DEVICE static constexpr int OutputColumn(int packed_n) {
     return (packed_n / (2 * kGateUpBlock)) * kGateUpBlock + packed_n % kGateUpBlock;
   }
   // `column`: 0 or 1, which of a thread's two adjacent columns (see Silu for why).
@@ -92,7 +94,7 @@ struct SequentialPairs {
   CUTLASS_HOST_DEVICE static constexpr bool IsGate(int /*block*/, int mma_n) { return mma_n == 0; }
   CUTLASS_HOST_DEVICE static constexpr int UpBlock(int block) { return block; }
   CUTLASS_HOST_DEVICE static constexpr int UpMmaN(int /*mma_n*/) { return 1; }
-  CUTLASS_HOST_DEVICE static int OutputColumn(int packed_n) { return packed_n; }
+  CUTLASS_HOST_DEVICE static constexpr int OutputColumn(int packed_n) { return packed_n; }
   template <int column>
   CUTLASS_DEVICE static float Combine(float silu_gate, float up) {
     return silu_gate * up;
@@ -120,21 +122,51 @@ class SwiGluEpilogue {
       cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>>{}));
 
   // SmemLayoutD by hand, for the stores: (m, n)'s element offset before the swizzle, in
-  // 8-row x 64-column atoms placed M first. The swizzle then XORs the offset's bits 3-5
-  // (byte bits 4-6: the 16-byte chunk) with bits 6-8 (m % 8).
+  // 8-row x 64-column atoms placed M first. The swizzle (on byte addresses, from a
+  // 1024-byte aligned tile) XORs the offset's bits 3-5 (the 16-byte chunk) with bits 6-8
+  // (m % 8): Swizzled below.
   CUTLASS_HOST_DEVICE static constexpr int LinearOffset(int m, int n) {
     return (m / 8) * 512 + (n / 64) * 64 * kTileM + (m % 8) * 64 + n % 64;
   }
+  static constexpr int Swizzled(int offset) { return offset ^ (((offset >> 6) & 7) << 3); }
   static_assert(sizeof(ElementD) == 2 &&
                     cute::is_same_v<cute::remove_cvref_t<decltype(SmemLayoutD{}.layout_a())>,
-                                    cute::Swizzle<3, 4, 3>>,
-                "LinearOffset assumes the 128-byte swizzle of 16-bit elements");
-  static_assert(SmemLayoutD{}.layout_b()(0, 1) == LinearOffset(0, 1) &&
-                    SmemLayoutD{}.layout_b()(7, 63) == LinearOffset(7, 63) &&
+                                    cute::Swizzle<3, 4, 3>> &&
+                    cute::is_same_v<cute::remove_cvref_t<decltype(SmemLayoutD{}.offset())>,
+                                    cute::smem_ptr_flag_bits<16>>,
+                "LinearOffset assumes the 128-byte swizzle on byte addresses of 16-bit elements");
+  static_assert(SmemLayoutD{}.layout_b()(1, 0) == LinearOffset(1, 0) &&
+                    SmemLayoutD{}.layout_b()(0, 9) == LinearOffset(0, 9) &&
+                    SmemLayoutD{}.layout_b()(8, 0) == LinearOffset(8, 0) &&  // atoms M first
                     SmemLayoutD{}.layout_b()(9, 5) == LinearOffset(9, 5) &&
                     SmemLayoutD{}.layout_b()(kTileM - 1, kTileN - 1) ==
-                        LinearOffset(kTileM - 1, kTileN - 1),
+                        LinearOffset(kTileM - 1, kTileN - 1) &&
+                    (kTileN <= 64 || SmemLayoutD{}.layout_b()(3, 64) == LinearOffset(3, 64)),
                 "LinearOffset must match SmemLayoutD");
+
+  // The stores' address split (store()): for a thread's first accumulator at (m0, p0),
+  // p0 < 8 and even, and offsets dm, dn that are multiples of 8, the swizzled offset of
+  // (m0 + dm, p0 + dn) is a per-thread base plus one XOR with a per-thread constant. m0
+  // over two atoms covers every m0 % 8 and the carry into m0 / 8.
+  static constexpr bool AddressSplitHolds() {
+    for (int m0 = 0; m0 < 16; ++m0)
+      for (int p0 = 0; p0 < 8; p0 += 2)
+        for (int dm = 0; m0 + dm < kTileM; dm += 8)
+          for (int dn = 0; dn < kTileN; dn += 8)
+            if (Swizzled(LinearOffset(m0 + dm, p0 + dn)) !=
+                LinearOffset(m0, p0) + (LinearOffset(dm, dn) ^ ((m0 % 8) * 8)))
+              return false;
+    return true;
+  }
+  static_assert(AddressSplitHolds(), "the per-thread address split must match the swizzle");
+  // ... and the packed -> output column map keeps a thread's offset within its 8 columns.
+  static constexpr bool OutputColumnKeepsThreadOffset() {
+    for (int p0 = 0; p0 < 8; p0 += 2)
+      for (int dn = 0; dn < kTilePacked; dn += 8)
+        if (Pairs::OutputColumn(p0 + dn) != Pairs::OutputColumn(dn) + p0) return false;
+    return true;
+  }
+  static_assert(OutputColumnKeepsThreadOffset(), "OutputColumn(p0 + dn) = OutputColumn(dn) + p0");
 
   // The kernel instantiates load/store pipelines from these; nothing is loaded and the
   // store side is tracked with bulk-async groups, so they are the empty ones.
@@ -313,6 +345,8 @@ class SwiGluEpilogue {
             const int dn = Pairs::OutputColumn(get<1>(coord) - p0);   // compile-time
             const uint32_t address =
                 thread_base + sizeof(ElementD) * (LinearOffset(dm, dn) ^ swizzle_xor);
+            // No "memory" clobber needed: the fence and barrier after the loop are volatile
+            // asm too, so the stores stay before them.
             asm volatile("st.shared.b32 [%0], %1;"
                          :
                          : "r"(address), "r"(reinterpret_cast<uint32_t const&>(rounded)));
