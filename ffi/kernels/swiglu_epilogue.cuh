@@ -26,7 +26,7 @@ namespace jax_swiglu {
 // SiLU(g) = g / (1 + exp(-g)) in fp32, two ways that cost the SM different things. The
 // cooperative kernel's epilogue runs while the tensor cores wait, and for a 128x128 output
 // tile it is bound by two limits: the SM issues one instruction per clock per scheduler
-// (each of the 8 math warps issues ~1000 instructions per tile, 2 warps per scheduler)
+// (each of the 8 math warps issues ~800 instructions per tile, 2 warps per scheduler)
 // and 16 MUFU ops per clock (CUDA guide's throughput table). Both ways use MUFU.EX2 for
 // exp(-g); the reciprocal is either:
 //  - MUFU.RCP: 6 instructions per element, 2 of them MUFU, or
