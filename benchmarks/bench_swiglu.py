@@ -134,9 +134,11 @@ def measure_side_by_side(fns, args, iterations, rounds, wall=True):
     times every variant for ceil(iterations / rounds) calls, in turn, and the medians
     are over all rounds.
     """
+    if iterations < 1 or rounds < 1:
+        raise ValueError(f"iterations and rounds must be >= 1 (got {iterations}, {rounds})")
     for fn in fns.values():
         _warm_up(fn, args)
-    per_round = max(1, math.ceil(iterations / rounds))
+    per_round = math.ceil(iterations / rounds)
     gpu_samples = {name: [] for name in fns}
     wall_samples = {name: [] for name in fns}
     for _ in range(rounds):

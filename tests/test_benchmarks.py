@@ -168,6 +168,8 @@ def test_variants_are_timed_in_interleaved_rounds(monkeypatch):
     calls.clear()  # GPU time only (calibrate.py): no wall-time calls
     assert bench_swiglu.measure_side_by_side({"a": 1}, (), 2, 2, wall=False) == ({"a": 1.0}, None)
     assert [c[0] for c in calls] == ["warm", "gpu", "gpu"]
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        bench_swiglu.measure_side_by_side({"a": 1}, (), 2, 0)
 
 
 def test_remaining_time_estimate():
