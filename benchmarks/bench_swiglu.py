@@ -191,10 +191,11 @@ def bench_one(model, m, iterations, key, rounds=ROUNDS):
     ws = [s[1] for s in sets]
     row = {"model": model, "m": m, "k": k, "n": n, "rotation_sets": count,
            "flops": flops(model, m), "gpu_us": {}, "wall_us": {}, "rel_err": {}}
+    named = variants()
     fns = {name: jax.jit(lambda xs, ws, variant=variant: [variant(x, w) for x, w in zip(xs, ws)])
-           for name, variant in variants().items()}
+           for name, variant in named.items()}
     gpu_ms, wall_ms = measure_side_by_side(fns, (xs, ws), iterations, rounds)
-    for name, variant in variants().items():
+    for name, variant in named.items():
         row["gpu_us"][name] = gpu_ms[name] * 1e3 / count
         row["wall_us"][name] = wall_ms[name] * 1e3 / count
         if name not in ("gemm",):
