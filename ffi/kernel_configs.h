@@ -15,12 +15,13 @@
 //   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n)
 #define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)        \
   X(0, Cooperative, 128, 256, 64, 2, 1)          \
-  X(1, Pingpong, 64, 256, 64, 1, 1)              \
+  X(1, Pingpong, 128, 128, 64, 2, 1)             \
   X(2, Cooperative, 128, 256, 64, 1, 1)          \
-  X(3, Cooperative, 128, 128, 64, 1, 1)
+  X(3, Cooperative, 128, 128, 64, 1, 1)          \
+  X(4, Pingpong, 64, 128, 64, 1, 1)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 4
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 5
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the

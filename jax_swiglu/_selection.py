@@ -56,12 +56,16 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 # Rows are tried in order; the first that admits (M, N) wins. Derived from runs on
 # an H200, all under benchmarks/results/NVIDIA_H200/ (each row's "why" quotes GPU times
 # from them: our kernel first, then the alternative it beat or lost to):
-#   2026-11-29-calibration-both-kernels.md  both kernels, every interleaved config that ever
-#       won, the 7 Qwen2.5 MLPs at M = 128, 512, 1024, 2048, 4096, 8192, 16384;
-#   2026-11-29-calibration-small-m.md       M = 1, 8, 32, 64;
+#   2026-11-29-calibration-both-kernels.md  both kernels, the cooperative configs, the 7
+#       Qwen2.5 MLPs at M = 128, 512, 1024, 2048, 4096, 8192, 16384;
+#   2026-11-29-calibration-pingpong-clusters.md  pingpong 128x128 and 64x256 tiles with
+#       2x1 and 2x2 clusters against config 0, M = 512, 2048, 8192;
+#   2026-11-29-calibration-64-row-tiles.md  pingpong 64x128 tiles, M = 1, 8, 64, 128, 1024;
 #   2026-11-29-calibration-tile-order-rounds.md  swizzle 1/4/8 of config 0, 7B..72B, M = 8192,
 #       timed in interleaved rounds. (An earlier run, -calibration-tile-order.md, timed each
 #       launch in one block and had favoured swizzling by 5-7%: clock drift, not reuse.)
+# The two pingpong-cluster runs number the configs as they were then: their 4 is config 1
+# now and their 7 is config 4; their 1, 5 and 6 won nowhere and were removed.
 # The pingpong kernel (Kernel-1) has no row: it was slower than the best interleaved config
 # on every shape and M (1.1-1.3x at M = 128, 1.4-2.6x at M >= 2048; README, "The kernels").
 # An "xla" row runs the reference lowering on the packed weights (one [K, 2N] GEMM with an
@@ -70,37 +74,39 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 # 12.05 ms, our kernel 11.18 ms, XLA on separate weights 11.43 ms).
 # Config ids: ffi/kernel_configs.h.
 SELECTION_TABLE: tuple[Rule, ...] = (
-    Rule(1, "interleaved", 3,
-         "M = 1, N <= 6144: XLA's matrix-vector path is slow on this shape (0.5B: 10.9 vs "
-         "16.6 us)", max_n=6144),
-    Rule(64, "xla", None,
-         "M <= 64 (decode): the call streams the weights, and cuBLAS (through XLA) streams "
-         "them faster than our 128-row tiles, which split neither K nor the last wave "
-         "(72B M=8: 287 vs 224 us; 0.5B M=64: a tie)"),
+    Rule(1, "interleaved", 4,
+         "M = 1, N <= 6144: XLA's matrix-vector path is slow on this shape (0.5B: 8.4 vs "
+         "16.5 us)", max_n=6144),
+    Rule(32, "xla", None,
+         "M <= 32 (decode): the call streams the weights, and cuBLAS (through XLA) streams "
+         "them faster than our 64-row tiles, which split neither K nor the last wave "
+         "(M=8: 72B 243.5 vs 225.2 us, 1.5B 20.4 vs 17.0 us)"),
+    Rule(64, "interleaved", 4,
+         "M <= 64: 64-row pingpong tiles, no rows wasted, and twice the CTAs of 128x128 tiles "
+         "(M=64: 7B 69.9 vs 83.1 us for XLA, 72B 228.3 vs 228.4 us)"),
     Rule(128, "interleaved", 3,
          "M <= 128, N <= 6144: 128x128 tiles give twice the CTAs of 128x256 on a small N "
-         "(0.5B: 9.4 vs 13.8 us)", max_n=6144),
+         "(0.5B: 9.2 vs 13.4 us; 64-row tiles 11.1 us)", max_n=6144),
     Rule(128, "xla", None,
          "M <= 128, N in 132 x (128, 192]: 128x256 tiles make 1.1 waves, 128x128 tiles 2.2 "
-         "with a ragged last wave, and XLA's GEMMs win (7B: 82.2 vs 76.6 us)",
+         "with a ragged last wave, and XLA's GEMMs win (7B: 83.9 vs 76.8 us)",
          min_n=_SMS * 128,
          max_n=_SMS * 192),
     Rule(128, "interleaved", 2,
          "M <= 128: one 128-row tile, 128x256 tiles, no cluster (a 2x1 cluster would idle "
          "half its CTAs on the empty second row of tiles)"),
-    Rule(512, "interleaved", 3,
-         "M <= 512, N <= 9216: 128x128 tiles for enough CTAs on a small N (1.5B: 50.4 vs "
-         "54.0 us)", max_n=9216),
-    Rule(1024, "interleaved", 3,
-         "M <= 1024, N <= 6144: 128x128 tiles for enough CTAs (0.5B: 34.1 vs 35.4 us)",
-         max_n=6144),
-    Rule(4096, "interleaved", 0,
-         "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest on every shape "
-         "at 1024 < M <= 4096)"),
+    Rule(512, "interleaved", 1,
+         "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
+         "other warpgroup's mainloop, and enough CTAs on these N (M=512: 1.5B 46.6 vs 53.9 us, "
+         "7B 189.4 vs 200.0 us for config 0)", max_n=18944),
+    Rule(2048, "interleaved", 1,
+         "M <= 2048, N <= 11008: pingpong 128x128 tiles, as above (M=1024: 1.5B 82.5 vs "
+         "90.1 us for config 2; M=2048: 1.5B 155.1 vs 158.0 us for config 0)", max_n=11008),
     Rule(None, "interleaved", 0,
          "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest on every shape "
-         "at M >= 2048); tiles in swizzled groups of 4 or 8 measured no faster side by side "
-         "(M=8192, 72B: 10.79 vs 11.04/11.13 ms, 32B: 6.01 vs 6.01/5.94 ms)"),
+         "at M >= 4096 and at N > 11008 from M = 1024 on; the pingpong 128x128 2x1 config "
+         "trails it by 0-33% at M = 8192); tiles in swizzled groups of 4 or 8 measured no "
+         "faster side by side (M=8192, 72B: 10.79 vs 11.04/11.13 ms, 32B: 6.01 vs 6.01/5.94 ms)"),
 )
 
 

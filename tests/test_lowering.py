@@ -69,7 +69,12 @@ def test_measured_choices():
         rule = _selection._lookup(m, jax_swiglu.QWEN25_MLPS[model][1])
         return rule.kernel, rule.config, rule.swizzle
     assert pick(8, "qwen2.5-72b") == ("xla", None, 1)  # decode: XLA's small-M GEMMs
-    assert pick(1, "qwen2.5-0.5b") == ("interleaved", 3, 1)
+    assert pick(1, "qwen2.5-0.5b") == ("interleaved", 4, 1)
+    assert pick(64, "qwen2.5-7b") == ("interleaved", 4, 1)  # 64-row pingpong tiles
+    assert pick(512, "qwen2.5-1.5b") == ("interleaved", 1, 1)  # pingpong 128x128 2x1
+    assert pick(512, "qwen2.5-32b") == ("interleaved", 0, 1)
+    assert pick(2048, "qwen2.5-3b") == ("interleaved", 1, 1)
+    assert pick(8192, "qwen2.5-0.5b") == ("interleaved", 0, 1)
     assert pick(128, "qwen2.5-7b") == ("xla", None, 1)  # wave quantization at 148 tiles
     assert pick(128, "qwen2.5-72b") == ("interleaved", 2, 1)
     assert pick(2048, "qwen2.5-72b") == ("interleaved", 0, 1)
@@ -83,7 +88,7 @@ def test_table_rows_are_reachable():
     """Every row of the table is the choice for some Qwen2.5 shape at some M."""
     used = {
         _selection._lookup(m, n)
-        for m in (1, 8, 128, 512, 1024, 2048, 8192, 16384)
+        for m in (1, 8, 64, 128, 512, 1024, 2048, 8192, 16384)
         for _, n in jax_swiglu.QWEN25_MLPS.values()
     }
     assert used == set(_selection.SELECTION_TABLE)
