@@ -6,9 +6,12 @@
 // abort, synchronize or allocate, so they are safe inside XLA's command buffers.
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -36,7 +39,8 @@ std::string DispatchConfig(const char* kernel, int64_t config, Launch&& launch) 
   }
 }
 
-// The kernel families: name, and config id -> launch, over each one's config table.
+// The kernel families: name, config id -> launch, and config id -> workspace bytes (an
+// error message for an unknown id), over each one's config table.
 struct Interleaved {
   static constexpr const char* kName = "interleaved";
   template <class ElementTag>
@@ -44,6 +48,14 @@ struct Interleaved {
                             const DeviceFacts& device, cudaStream_t stream) {
     return DispatchConfig<0, JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS>(kName, config, [&](auto id) {
       return LaunchInterleaved<decltype(id)::value, ElementTag>(problem, device, stream);
+    });
+  }
+  template <class ElementTag>
+  static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
+                                    const DeviceFacts& device, size_t* bytes) {
+    return DispatchConfig<0, JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS>(kName, config, [&](auto id) {
+      *bytes = InterleavedWorkspaceBytes<decltype(id)::value, ElementTag>(problem, device);
+      return std::string();
     });
   }
 };
@@ -55,6 +67,14 @@ struct Pingpong {
                             const DeviceFacts& device, cudaStream_t stream) {
     return DispatchConfig<0, JAX_SWIGLU_NUM_PINGPONG_CONFIGS>(kName, config, [&](auto id) {
       return LaunchPingpong<decltype(id)::value, ElementTag>(problem, device, stream);
+    });
+  }
+  template <class ElementTag>
+  static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
+                                    const DeviceFacts& device, size_t* bytes) {
+    return DispatchConfig<0, JAX_SWIGLU_NUM_PINGPONG_CONFIGS>(kName, config, [&](auto id) {
+      *bytes = PingpongWorkspaceBytes<decltype(id)::value, ElementTag>(problem, device);
+      return std::string();
     });
   }
 };
@@ -105,12 +125,19 @@ ffi::Error CheckDevice(DeviceFacts* device) {
   return ffi::Error::Success();
 }
 
+// `workspace`: present where the config needs one (the lowering sizes it with
+// workspace_bytes below); the launcher checks that it is large enough.
 template <class Family, ffi::DataType T>
 ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
-                  ffi::Result<ffi::Buffer<T>> out, int64_t config, int64_t swizzle,
-                  int64_t raster) {
+                  ffi::Result<ffi::Buffer<T>> out,
+                  std::optional<ffi::Result<ffi::AnyBuffer>> workspace, int64_t config,
+                  int64_t swizzle, int64_t raster) {
   SwigluProblem problem;
   if (ffi::Error err = DescribeProblem(x, packed, *out, &problem); err.failure()) return err;
+  if (workspace.has_value()) {
+    problem.workspace = (*workspace)->untyped_data();
+    problem.workspace_bytes = (*workspace)->size_bytes();
+  }
   if ((swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) || raster < 0 ||
       raster > 2) {
     return ffi::Error::InvalidArgument("jax_swiglu: swizzle must be 1, 2, 4 or 8 and raster "
@@ -137,6 +164,7 @@ ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
                                     .Arg<ffi::Buffer<dtype>>()                  \
                                     .Arg<ffi::Buffer<dtype>>()                  \
                                     .Ret<ffi::Buffer<dtype>>()                  \
+                                    .OptionalRet<ffi::AnyBuffer>()              \
                                     .Attr<int64_t>("config")                    \
                                     .Attr<int64_t>("swizzle")                   \
                                     .Attr<int64_t>("raster"),                   \
@@ -167,6 +195,20 @@ const Target kTargets[] = {
     {"jax_swiglu_pingpong_bf16", "pingpong", "bfloat16", JaxSwigluPingpongBf16},
     {"jax_swiglu_pingpong_f16", "pingpong", "float16", JaxSwigluPingpongF16},
 };
+
+// A family's workspace size for a dtype given by name ("" or an error message).
+template <class Family>
+std::string WorkspaceBytes(const std::string& dtype, int64_t config,
+                           const jax_swiglu::SwigluProblem& problem,
+                           const jax_swiglu::DeviceFacts& device, size_t* bytes) {
+  if (dtype == "bfloat16") {
+    return Family::template WorkspaceBytes<jax_swiglu::BF16>(config, problem, device, bytes);
+  }
+  if (dtype == "float16") {
+    return Family::template WorkspaceBytes<jax_swiglu::F16>(config, problem, device, bytes);
+  }
+  return "unknown dtype " + dtype;
+}
 
 }  // namespace
 
@@ -207,12 +249,46 @@ NB_MODULE(_kernels, m) {
         d["tile_k"] = c.tile_k;
         d["cluster_m"] = c.cluster_m;
         d["cluster_n"] = c.cluster_n;
+        d["scheduler"] = c.scheduler == jax_swiglu::TileScheduler::StreamK ? "stream-k" : "persistent";
         l.append(d);
       }
     };
     add(jax_swiglu::Interleaved::kName, jax_swiglu::kInterleavedConfigs);
     add(jax_swiglu::Pingpong::kName, jax_swiglu::kPingpongConfigs);
     return l;
+  });
+
+  // Bytes of workspace one call needs (0 for most configs): the lowering adds a scratch
+  // output of this size to the custom call. `sm_count` is the GPU's (the stream-K split
+  // depends on it); the handler rechecks the size against the GPU it runs on.
+  m.def(
+      "workspace_bytes",
+      [](const std::string& kernel, const std::string& dtype, int64_t config, int64_t m,
+         int64_t n, int64_t n_packed, int64_t k, int64_t swizzle, int64_t raster,
+         int sm_count) -> size_t {
+        jax_swiglu::SwigluProblem problem{nullptr, nullptr, nullptr, m,
+                                          n, n_packed, k, static_cast<int>(swizzle),
+                                          static_cast<int>(raster)};
+        jax_swiglu::DeviceFacts device{0, sm_count, 9, 0};
+        size_t bytes = 0;
+        std::string err = kernel == jax_swiglu::Interleaved::kName
+                              ? WorkspaceBytes<jax_swiglu::Interleaved>(dtype, config, problem,
+                                                                        device, &bytes)
+                          : kernel == jax_swiglu::Pingpong::kName
+                              ? WorkspaceBytes<jax_swiglu::Pingpong>(dtype, config, problem,
+                                                                     device, &bytes)
+                              : "unknown kernel " + kernel;
+        if (!err.empty()) throw std::invalid_argument("jax_swiglu: " + err);
+        return bytes;
+      },
+      nb::arg("kernel"), nb::arg("dtype"), nb::arg("config"), nb::arg("m"), nb::arg("n"),
+      nb::arg("n_packed"), nb::arg("k"), nb::arg("swizzle"), nb::arg("raster"),
+      nb::arg("sm_count"));
+
+  // The current CUDA device's SM count, or 0 when there is none (no GPU, no driver).
+  m.def("device_sm_count", []() {
+    jax_swiglu::DeviceFacts facts;
+    return jax_swiglu::CurrentDeviceFacts(&facts).empty() ? facts.sm_count : 0;
   });
 
   m.attr("gate_up_block") = jax_swiglu::kGateUpBlock;

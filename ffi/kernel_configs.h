@@ -12,23 +12,27 @@
 
 // Interleaved kernel: one GEMM over [M, 2N, K] on the packed gate/up matrix.
 //   tile_n counts packed columns (gate + up); the output tile is tile_n / 2 wide.
-//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n)
-#define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)        \
-  X(0, Cooperative, 128, 256, 64, 2, 1)          \
-  X(1, Pingpong, 128, 128, 64, 2, 1)             \
-  X(2, Cooperative, 128, 256, 64, 1, 1)          \
-  X(3, Cooperative, 128, 128, 64, 1, 1)          \
-  X(4, Pingpong, 64, 128, 64, 1, 1)
+//   scheduler: Persistent (whole output tiles, one CTA per SM) or StreamK (CTAs also split
+//   tiles along K and add their partial sums in a workspace, so the last wave is not
+//   ragged: for problems of a few waves, e.g. M <= 128 on a wide N).
+//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler)
+#define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)              \
+  X(0, Cooperative, 128, 256, 64, 2, 1, Persistent)    \
+  X(1, Pingpong, 128, 128, 64, 2, 1, Persistent)       \
+  X(2, Cooperative, 128, 256, 64, 1, 1, Persistent)    \
+  X(3, Cooperative, 128, 128, 64, 1, 1, Persistent)    \
+  X(4, Pingpong, 64, 128, 64, 1, 1, Persistent)        \
+  X(5, Cooperative, 128, 128, 64, 1, 1, StreamK)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 5
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 6
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the
 // accumulator is [gate | up], tile_n / 2 output columns, each pass tile_n / 2 wide.
-//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n)
+//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler)
 #define JAX_SWIGLU_PINGPONG_CONFIGS(X) \
-  X(0, Pingpong, 128, 128, 64, 1, 1)
+  X(0, Pingpong, 128, 128, 64, 1, 1, Persistent)
 
 #define JAX_SWIGLU_NUM_PINGPONG_CONFIGS 1
 
@@ -40,16 +44,18 @@ namespace jax_swiglu {
 inline constexpr int kGateUpBlock = 64;
 
 enum class Schedule { Cooperative, Pingpong };
+enum class TileScheduler { Persistent, StreamK };
 
 struct KernelConfig {
   int id;
   Schedule schedule;
   int tile_m, tile_n, tile_k;
   int cluster_m, cluster_n;
+  TileScheduler scheduler;
 };
 
-#define JAX_SWIGLU_CONFIG_ROW(id, schedule, tm, tn, tk, cm, cn) \
-  KernelConfig{id, Schedule::schedule, tm, tn, tk, cm, cn},
+#define JAX_SWIGLU_CONFIG_ROW(id, schedule, tm, tn, tk, cm, cn, scheduler) \
+  KernelConfig{id, Schedule::schedule, tm, tn, tk, cm, cn, TileScheduler::scheduler},
 inline constexpr KernelConfig kInterleavedConfigs[] = {
     JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
 inline constexpr KernelConfig kPingpongConfigs[] = {

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -28,6 +29,10 @@ struct SwigluProblem {
   // `raster` is 0 (CUTLASS heuristic), 1 (along M) or 2 (along N).
   int swizzle;
   int raster;
+  // Scratch for the kernels whose tile scheduler needs one (stream-K: partial sums and
+  // flags); an output buffer of the custom call, sized by the matching *WorkspaceBytes.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 // Per-device facts the launchers need, read once per device and cached.
@@ -48,6 +53,12 @@ std::string LaunchInterleaved(const SwigluProblem& problem, const DeviceFacts& d
 template <int ConfigId, class Element>
 std::string LaunchPingpong(const SwigluProblem& problem, const DeviceFacts& device,
                            cudaStream_t stream);
+// Bytes of workspace a launch of that configuration on `problem` (its shapes and tile
+// order; pointers unused) needs on a GPU with `device.sm_count` SMs; 0 for most.
+template <int ConfigId, class Element>
+size_t InterleavedWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
+template <int ConfigId, class Element>
+size_t PingpongWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
 // Fills `facts` for the current device; returns an error message or "".
 std::string CurrentDeviceFacts(DeviceFacts* facts);
 

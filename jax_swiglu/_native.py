@@ -38,10 +38,12 @@ class KernelConfig:
     tile_k: int
     cluster_m: int
     cluster_n: int
+    scheduler: str = "persistent"  # or "stream-k": tiles also split along K (a workspace)
 
     def describe(self) -> str:
         return (f"{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
-                f"cluster {self.cluster_m}x{self.cluster_n}")
+                f"cluster {self.cluster_m}x{self.cluster_n}"
+                + (", stream-K" if self.scheduler == "stream-k" else ""))
 
 
 def kernels_available() -> bool:
@@ -75,6 +77,24 @@ def kernel_configs() -> dict[str, dict[int, KernelConfig]]:
         config = KernelConfig(**row)
         table.setdefault(config.kernel, {})[config.id] = config
     return table
+
+
+# SMs of an H100/H200 SXM: the workspace is sized for it when lowering with no local GPU.
+_DEFAULT_SM_COUNT = 132
+
+
+def workspace_bytes(kernel: str, dtype: str, config: int, *, m: int, n: int, n_packed: int,
+                    k: int, swizzle: int, raster: int) -> int:
+    """Bytes of scratch one call of ``kernel``/``config`` needs (0 for most configs).
+
+    Sized for the local GPU's SM count (a stream-K split depends on it); the FFI handler
+    checks the size again on the GPU it runs on and fails the call if it is too small.
+    """
+    if _kernels is None:
+        return 0
+    sm_count = _kernels.device_sm_count() or _DEFAULT_SM_COUNT
+    return int(_kernels.workspace_bytes(kernel, dtype, config, m, n, n_packed, k, swizzle,
+                                        raster, sm_count))
 
 
 def _register() -> None:

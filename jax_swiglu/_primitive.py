@@ -32,7 +32,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import _layout, _reference, _selection
+from . import _layout, _native, _reference, _selection
 
 # What jaxprs hold: the op on global shapes, partitioned by XLA's SPMD partitioner.
 swiglu_p = Primitive("jax_swiglu")
@@ -218,7 +218,19 @@ def _cuda_lowering(ctx, x, packed_data, *, n: int, kernel: str):
     choice = _selection.choose(m, n, k, x_aval.dtype, kernel=kernel, platform="cuda")
     if choice.target is None:
         return _reference_lowering(ctx, x, packed_data, n=n, kernel=kernel)
-    return jax.ffi.ffi_lowering(choice.target)(ctx, x, packed_data, **choice.ffi_attributes())
+    attributes = choice.ffi_attributes()
+    workspace = _native.workspace_bytes(
+        choice.kernel, jnp.dtype(x_aval.dtype).name, choice.config.id, m=m, n=n,
+        n_packed=packed_aval.shape[1] // 2, k=k, swizzle=int(attributes["swizzle"]),
+        raster=int(attributes["raster"]))
+    if not workspace:
+        return jax.ffi.ffi_lowering(choice.target)(ctx, x, packed_data, **attributes)
+    # A second result is the kernel's scratch (stream-K partial sums): XLA allocates it
+    # with the call's other buffers, so the handler never allocates; only out is used.
+    scratch = jax.core.ShapedArray((workspace,), jnp.dtype(jnp.uint8))
+    out, _ = jax.ffi.ffi_lowering(choice.target)(
+        ctx.replace(avals_out=[*ctx.avals_out, scratch]), x, packed_data, **attributes)
+    return [out]
 
 
 mlir.register_lowering(swiglu_p, mlir.lower_fun(_partitioned, multiple_results=False))

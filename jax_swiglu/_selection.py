@@ -61,6 +61,8 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #   2026-11-29-calibration-pingpong-clusters.md  pingpong 128x128 and 64x256 tiles with
 #       2x1 and 2x2 clusters against config 0, M = 512, 2048, 8192;
 #   2026-11-29-calibration-64-row-tiles.md  pingpong 64x128 tiles, M = 1, 8, 64, 128, 1024;
+#   2026-11-29-calibration-decode.md        the same at M = 16, 32;
+#   2026-11-29-calibration-stream-k.md      stream-K 128x128 tiles at M = 128;
 #   2026-11-29-calibration-tile-order-rounds.md  swizzle 1/4/8 of config 0, 7B..72B, M = 8192,
 #       timed in interleaved rounds. (An earlier run, -calibration-tile-order.md, timed each
 #       launch in one block and had favoured swizzling by 5-7%: clock drift, not reuse.)
@@ -77,19 +79,21 @@ SELECTION_TABLE: tuple[Rule, ...] = (
     Rule(1, "interleaved", 4,
          "M = 1, N <= 6144: XLA's matrix-vector path is slow on this shape (0.5B: 8.4 vs "
          "16.5 us)", max_n=6144),
-    Rule(32, "xla", None,
-         "M <= 32 (decode): the call streams the weights, and cuBLAS (through XLA) streams "
+    Rule(16, "xla", None,
+         "M <= 16 (decode): the call streams the weights, and cuBLAS (through XLA) streams "
          "them faster than our 64-row tiles, which split neither K nor the last wave "
-         "(M=8: 72B 243.5 vs 225.2 us, 1.5B 20.4 vs 17.0 us)"),
+         "(M=8: 72B 243.5 vs 225.2 us, 1.5B 20.4 vs 17.0 us; M=16: slower on 6 of 7 shapes)"),
     Rule(64, "interleaved", 4,
-         "M <= 64: 64-row pingpong tiles, no rows wasted, and twice the CTAs of 128x128 tiles "
-         "(M=64: 7B 69.9 vs 83.1 us for XLA, 72B 228.3 vs 228.4 us)"),
+         "16 < M <= 64: 64-row pingpong tiles, no rows wasted, and twice the CTAs of 128x128 "
+         "tiles (M=64: 7B 69.9 vs 83.1 us for XLA, 72B 228.3 vs 228.4 us; M=32: faster on "
+         "4 of 7 shapes, 0.95x at worst)"),
     Rule(128, "interleaved", 3,
          "M <= 128, N <= 6144: 128x128 tiles give twice the CTAs of 128x256 on a small N "
          "(0.5B: 9.2 vs 13.4 us; 64-row tiles 11.1 us)", max_n=6144),
-    Rule(128, "xla", None,
-         "M <= 128, N in 132 x (128, 192]: 128x256 tiles make 1.1 waves, 128x128 tiles 2.2 "
-         "with a ragged last wave, and XLA's GEMMs win (7B: 83.9 vs 76.8 us)",
+    Rule(128, "interleaved", 5,
+         "M <= 128, N in 132 x (128, 192]: 128x256 tiles make 1.1 waves and 128x128 tiles "
+         "2.2 with a ragged last wave; stream-K spreads the K loop evenly over the SMs (7B: "
+         "75.6 us, level with XLA's 75.5; 128x128 tiles 80.9 us)",
          min_n=_SMS * 128,
          max_n=_SMS * 192),
     Rule(128, "interleaved", 2,

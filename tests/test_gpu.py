@@ -174,3 +174,27 @@ def test_bad_calls_come_back_as_python_errors():
         run(packed, config=99)
     with pytest.raises(Exception, match="swizzle must be"):
         run(packed, swizzle=3)
+
+
+def test_stream_k_workspace_is_checked():
+    """A stream-K launch given no (or too little) scratch fails with the size it needs."""
+    stream_k = [c.id for c in jax_swiglu.kernel_configs()["interleaved"].values()
+                if c.scheduler == "stream-k"]
+    assert stream_k, "no stream-K config compiled"
+    m, k, n = 5, 1536, 8960  # 70 output tiles: the split spreads them over every SM
+    needed = jax_swiglu._native.workspace_bytes(
+        "interleaved", "bfloat16", stream_k[0], m=m, n=n, n_packed=n, k=k, swizzle=1, raster=0)
+    assert needed > 0
+    target = jax_swiglu._selection.choose(m, n, k, jnp.bfloat16, kernel="interleaved").target
+    x = jnp.ones((m, k), jnp.bfloat16)
+    packed = jnp.ones((k, 2 * n), jnp.bfloat16)
+    attrs = dict(config=np.int64(stream_k[0]), swizzle=np.int64(1), raster=np.int64(0))
+    out = jax.ShapeDtypeStruct((m, n), jnp.bfloat16)
+    for results in ([out], [out, jax.ShapeDtypeStruct((needed // 2,), jnp.uint8)]):
+        call = jax.ffi.ffi_call(target, results)
+        with pytest.raises(Exception, match=f"needs {needed} bytes of workspace"):
+            jax.block_until_ready(jax.jit(lambda x, w: call(x, w, **attrs))(x, packed))
+    call = jax.ffi.ffi_call(target, [out, jax.ShapeDtypeStruct((needed,), jnp.uint8)])
+    y, _ = jax.jit(lambda x, w: call(x, w, **attrs))(x, packed)
+    # x and the weights all ones: every gate and up value is k, so y = SiLU(k) * k = k^2.
+    np.testing.assert_allclose(np.asarray(y, np.float32), np.float32(k) ** 2, rtol=1e-2)

@@ -75,7 +75,8 @@ def test_measured_choices():
     assert pick(512, "qwen2.5-32b") == ("interleaved", 0, 1)
     assert pick(2048, "qwen2.5-3b") == ("interleaved", 1, 1)
     assert pick(8192, "qwen2.5-0.5b") == ("interleaved", 0, 1)
-    assert pick(128, "qwen2.5-7b") == ("xla", None, 1)  # wave quantization at 148 tiles
+    assert pick(16, "qwen2.5-7b") == ("xla", None, 1)
+    assert pick(128, "qwen2.5-7b") == ("interleaved", 5, 1)  # stream-K: 2.2 waves of tiles
     assert pick(128, "qwen2.5-72b") == ("interleaved", 2, 1)
     assert pick(2048, "qwen2.5-72b") == ("interleaved", 0, 1)
     assert pick(8192, "qwen2.5-32b") == ("interleaved", 0, 1)
@@ -88,7 +89,7 @@ def test_table_rows_are_reachable():
     """Every row of the table is the choice for some Qwen2.5 shape at some M."""
     used = {
         _selection._lookup(m, n)
-        for m in (1, 8, 64, 128, 512, 1024, 2048, 8192, 16384)
+        for m in (1, 8, 32, 128, 512, 1024, 2048, 8192, 16384)
         for _, n in jax_swiglu.QWEN25_MLPS.values()
     }
     assert used == set(_selection.SELECTION_TABLE)
@@ -127,15 +128,15 @@ def test_forced_xla_has_no_custom_call(monkeypatch):
 
 
 def test_forced_kernel_by_argument_and_environment(monkeypatch):
-    forced = _expected(32, "interleaved")
-    assert forced and _expected(32) == []  # the table alone picks XLA at M = 32
-    hlo = cuda_hlo(lambda x, p: swiglu(x, p, kernel="interleaved"), _x(32), _packed())
+    forced = _expected(16, "interleaved")
+    assert forced and _expected(16) == []  # the table alone picks XLA at M = 16
+    hlo = cuda_hlo(lambda x, p: swiglu(x, p, kernel="interleaved"), _x(16), _packed())
     assert custom_calls(hlo) == forced
     _set_kernel_env(monkeypatch, "interleaved")
-    assert custom_calls(cuda_hlo(swiglu, _x(32), _packed())) == forced
+    assert custom_calls(cuda_hlo(swiglu, _x(16), _packed())) == forced
     _set_kernel_env(monkeypatch, "nonsense")
     with pytest.raises(ValueError, match=_selection.ENV_VAR):
-        cuda_hlo(swiglu, _x(32), _packed())
+        cuda_hlo(swiglu, _x(16), _packed())
 
 
 def test_vmap_lowers_to_one_call_on_folded_m():
@@ -188,3 +189,24 @@ def test_forced_launch_knob(monkeypatch):
         jax.clear_caches()
         with pytest.raises(ValueError, match=_selection.CONFIG_ENV_VAR):
             cuda_hlo(swiglu, _x(4096), packed)
+
+
+def test_stream_k_config_gets_a_workspace_result():
+    """A stream-K launch lowers with a second, scratch result (uint8) that nothing reads;
+    the other configs keep a single result."""
+    configs = jax_swiglu.kernel_configs()["interleaved"]
+    stream_k = [c.id for c in configs.values() if c.scheduler == "stream-k"]
+    assert stream_k and "stream-K" in configs[stream_k[0]].describe()
+    k, n = 1536, 8960
+    packed = pack_weights(*random_weights(jax.random.key(0), k, n))
+    x = _x(128, k)
+    for config in configs:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(_selection.CONFIG_ENV_VAR, str(config))
+            hlo = cuda_hlo(lambda x, p: swiglu(x, p, kernel="interleaved"), x, packed)
+        [call] = [line for line in hlo.splitlines() if "stablehlo.custom_call" in line]
+        results = call.rsplit("->", 1)[1]
+        if config in stream_k:
+            assert re.search(r"\(tensor<128x8960xbf16>, tensor<\d+xui8>\)", results), call
+        else:
+            assert results.strip() == "tensor<128x8960xbf16>", call

@@ -56,8 +56,8 @@ def _key(name):
 
 CALLS = 100
 # (kernel, model, M, forced config or None). Unforced, the table picks the interleaved
-# kernel's configs 3, 2 and 0 (2x1 cluster) for these three; then every compiled config of
-# every kernel, forced, on one shape.
+# kernel's configs 4, 2 and 0 (2x1 cluster) for these three; then every compiled config of
+# every kernel, forced, on one shape (where config 5 splits tiles along K: stream-K).
 DETERMINISM_CASES = [
     (kernel, model, m, None) for kernel in FUSED_KERNELS
     for model, m in (("qwen2.5-0.5b", 7), ("qwen2.5-72b", 100), ("qwen2.5-7b", 2048))
@@ -69,8 +69,9 @@ DETERMINISM_CASES = [
 
 @pytest.mark.parametrize("kernel, model, m, config", DETERMINISM_CASES)
 def test_bitwise_deterministic(kernel, model, m, config, key, monkeypatch):
-    """No split-K or atomics: each output element is one CTA's fixed-order sum, so repeated
-    calls and a recompiled function give the same bits."""
+    """No atomics: each output element is one CTA's fixed-order sum, or with stream-K the
+    partial sums of a fixed set of CTAs added in a fixed order (CUTLASS's deterministic
+    reduction), so repeated calls and a recompiled function give the same bits."""
     if config is not None:
         monkeypatch.setenv(CONFIG_ENV_VAR, str(config))
     jax.clear_caches()  # the config is read when a function is lowered
@@ -107,6 +108,7 @@ CHAIN_STEPS = 8
 GRAPH_CASES = {
     "single-0.5b-m1": ("single", 1, 896, 4864),
     "single-7b-m1000": ("single", 1000, 3584, 18944),
+    "single-7b-m128": ("single", 128, 3584, 18944),  # stream-K: a memset and a workspace
     "chain-m64": ("chain", 64, 2048, 2048),
     "chain-m1500": ("chain", 1500, 2048, 2048),
 }

@@ -36,6 +36,17 @@ struct KernelScheduleFor<Schedule::Pingpong> {
   using type = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 };
 
+template <TileScheduler T>
+struct TileSchedulerFor;
+template <>
+struct TileSchedulerFor<TileScheduler::Persistent> {
+  using type = cutlass::gemm::PersistentScheduler;
+};
+template <>
+struct TileSchedulerFor<TileScheduler::StreamK> {
+  using type = cutlass::gemm::StreamKScheduler;
+};
+
 template <int ConfigId, class ElementTag>
 struct InterleavedKernel {
   static constexpr KernelConfig kConfig = kInterleavedConfigs[ConfigId];
@@ -57,25 +68,39 @@ struct InterleavedKernel {
       cutlass::gemm::collective::StageCountAutoCarveout<Epilogue::kSharedBytes>,
       typename KernelScheduleFor<kConfig.schedule>::type>::CollectiveOp;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
-                                                      Epilogue, cutlass::gemm::PersistentScheduler>;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
+                                           typename TileSchedulerFor<kConfig.scheduler>::type>;
 };
+
+template <int ConfigId, class ElementTag>
+typename InterleavedKernel<ConfigId, ElementTag>::Kernel::Arguments InterleavedArguments(
+    const SwigluProblem& p, const DeviceFacts& facts) {
+  using Assembly = InterleavedKernel<ConfigId, ElementTag>;
+  using Kernel = typename Assembly::Kernel;
+  using Element = typename Assembly::Element;
+  // Strides in CuTe's (rows, contraction, batch) order: A is (M, K, L), B is (N, K, L).
+  typename Kernel::StrideA stride_a = cute::make_stride(p.k, cute::_1{}, int64_t(0));
+  typename Kernel::StrideB stride_b = cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
+  return GemmArguments<Kernel>({static_cast<Element const*>(p.x), stride_a,
+                                static_cast<Element const*>(p.packed), stride_b},
+                               p, facts);
+}
 
 template <int ConfigId, class ElementTag>
 std::string LaunchInterleaved(const SwigluProblem& p, const DeviceFacts& facts,
                               cudaStream_t stream) {
   using Assembly = InterleavedKernel<ConfigId, ElementTag>;
-  using Kernel = typename Assembly::Kernel;
-  using Element = typename Assembly::Element;
-
-  // Strides in CuTe's (rows, contraction, batch) order: A is (M, K, L), B is (N, K, L).
-  typename Kernel::StrideA stride_a = cute::make_stride(p.k, cute::_1{}, int64_t(0));
-  typename Kernel::StrideB stride_b = cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
   constexpr KernelConfig config = Assembly::kConfig;
-  return LaunchGemm<Kernel>({static_cast<Element const*>(p.x), stride_a,
-                             static_cast<Element const*>(p.packed), stride_b},
-                            p, facts, dim3(config.cluster_m, config.cluster_n, 1), stream,
-                            "interleaved");
+  return LaunchGemm<typename Assembly::Kernel>(InterleavedArguments<ConfigId, ElementTag>(p, facts),
+                                               p, facts, dim3(config.cluster_m, config.cluster_n, 1),
+                                               stream, "interleaved");
+}
+
+template <int ConfigId, class ElementTag>
+size_t InterleavedWorkspaceBytes(const SwigluProblem& p, const DeviceFacts& facts) {
+  using Kernel = typename InterleavedKernel<ConfigId, ElementTag>::Kernel;
+  return Kernel::get_workspace_size(InterleavedArguments<ConfigId, ElementTag>(p, facts));
 }
 
 }  // namespace jax_swiglu

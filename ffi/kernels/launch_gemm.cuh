@@ -42,14 +42,11 @@ cudaError_t EnsureSharedMemoryLimit(int device) {
   return err;
 }
 
-// Runs `Kernel` (any mainloop + SwiGluEpilogue) on the packed [M, 2 N_pad, K] problem:
-// completes the arguments around the kernel's own mainloop arguments, applies the tile
-// order, checks, builds the params (TMA descriptors) and launches with the cluster shape
-// on `stream`. No allocation, no synchronization.
+// The arguments of `Kernel` (any mainloop + SwiGluEpilogue) on the packed
+// [M, 2 N_pad, K] problem, around the kernel's own mainloop arguments, with the tile order.
 template <class Kernel>
-std::string LaunchGemm(typename Kernel::MainloopArguments mainloop, const SwigluProblem& p,
-                       const DeviceFacts& facts, dim3 cluster_dims, cudaStream_t stream,
-                       const char* kernel_name) {
+typename Kernel::Arguments GemmArguments(typename Kernel::MainloopArguments mainloop,
+                                         const SwigluProblem& p, const DeviceFacts& facts) {
   using ElementD = typename Kernel::CollectiveEpilogue::ElementD;
   typename Kernel::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
@@ -63,17 +60,34 @@ std::string LaunchGemm(typename Kernel::MainloopArguments mainloop, const Swiglu
   args.scheduler.raster_order = p.raster == 1   ? RasterOrder::AlongM
                                 : p.raster == 2 ? RasterOrder::AlongN
                                                 : RasterOrder::Heuristic;
+  return args;
+}
+
+// Checks and launches `args` with the cluster shape on `stream`: builds the params (TMA
+// descriptors) and, for a kernel that needs one, initializes its workspace (an async
+// memset on `stream`). No allocation, no synchronization.
+template <class Kernel>
+std::string LaunchGemm(const typename Kernel::Arguments& args, const SwigluProblem& p,
+                       const DeviceFacts& facts, dim3 cluster_dims, cudaStream_t stream,
+                       const char* kernel_name) {
   const std::string name(kernel_name);
   if (!Kernel::can_implement(args)) {
     return name + " kernel cannot implement M=" + std::to_string(p.m) + " N=" +
            std::to_string(p.n) + " K=" + std::to_string(p.k) +
            " (K and N must be multiples of 8, buffers 16-byte aligned)";
   }
-  if (Kernel::get_workspace_size(args) != 0) {
-    return name + " kernel unexpectedly needs a workspace";
+  const size_t workspace_bytes = Kernel::get_workspace_size(args);
+  if (workspace_bytes > p.workspace_bytes) {
+    return name + " kernel needs " + std::to_string(workspace_bytes) +
+           " bytes of workspace and was given " + std::to_string(p.workspace_bytes) +
+           " (was the call lowered for a GPU with another SM count?)";
+  }
+  if (workspace_bytes > 0 &&
+      Kernel::initialize_workspace(args, p.workspace, stream) != cutlass::Status::kSuccess) {
+    return name + " kernel: initializing its workspace failed";
   }
 
-  typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, p.workspace);
   if (cudaError_t err = EnsureSharedMemoryLimit<Kernel>(facts.device); err != cudaSuccess) {
     return std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(err);
   }

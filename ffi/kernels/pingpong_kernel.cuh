@@ -29,7 +29,8 @@ template <int ConfigId, class ElementTag>
 struct PingpongKernel {
   static constexpr KernelConfig kConfig = kPingpongConfigs[ConfigId];
   static_assert(kConfig.schedule == Schedule::Pingpong && kConfig.cluster_m == 1 &&
-                kConfig.cluster_n == 1, "Kernel-1 runs the pingpong schedule without clusters");
+                kConfig.cluster_n == 1 && kConfig.scheduler == TileScheduler::Persistent,
+                "Kernel-1 runs the pingpong schedule without clusters, on whole tiles");
   using Element = typename CutlassElement<ElementTag>::type;
   using TileShape = cute::Shape<cute::Int<kConfig.tile_m>, cute::Int<kConfig.tile_n>,
                                 cute::Int<kConfig.tile_k>>;
@@ -49,14 +50,26 @@ struct PingpongKernel {
 };
 
 template <int ConfigId, class ElementTag>
+typename PingpongKernel<ConfigId, ElementTag>::Kernel::Arguments PingpongArguments(
+    const SwigluProblem& p, const DeviceFacts& facts) {
+  using Assembly = PingpongKernel<ConfigId, ElementTag>;
+  using Element = typename Assembly::Element;
+  return GemmArguments<typename Assembly::Kernel>(
+      {static_cast<Element const*>(p.x), static_cast<Element const*>(p.packed)}, p, facts);
+}
+
+template <int ConfigId, class ElementTag>
 std::string LaunchPingpong(const SwigluProblem& p, const DeviceFacts& facts,
                            cudaStream_t stream) {
-  using Assembly = PingpongKernel<ConfigId, ElementTag>;
-  using Kernel = typename Assembly::Kernel;
-  using Element = typename Assembly::Element;
-  return LaunchGemm<Kernel>(
-      {static_cast<Element const*>(p.x), static_cast<Element const*>(p.packed)}, p, facts,
-      dim3(1, 1, 1), stream, "pingpong");
+  return LaunchGemm<typename PingpongKernel<ConfigId, ElementTag>::Kernel>(
+      PingpongArguments<ConfigId, ElementTag>(p, facts), p, facts, dim3(1, 1, 1), stream,
+      "pingpong");
+}
+
+template <int ConfigId, class ElementTag>
+size_t PingpongWorkspaceBytes(const SwigluProblem& p, const DeviceFacts& facts) {
+  using Kernel = typename PingpongKernel<ConfigId, ElementTag>::Kernel;
+  return Kernel::get_workspace_size(PingpongArguments<ConfigId, ElementTag>(p, facts));
 }
 
 }  // namespace jax_swiglu
