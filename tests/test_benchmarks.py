@@ -162,9 +162,19 @@ def test_variants_are_timed_in_interleaved_rounds(monkeypatch):
                         lambda fn, args, n: calls.append(("wall", fn, n)) or [fn * 2.0] * n)
     gpu, wall = bench_swiglu.measure_side_by_side({"a": 1, "b": 2}, (), iterations=5, rounds=2)
     assert gpu == {"a": 1.0, "b": 2.0} and wall == {"a": 2.0, "b": 4.0}
-    # Everything warmed up first, then a, b, a, b: drift over the run is shared.
+    # Everything warmed up first, then every variant once per round: drift over the run
+    # is shared.
+    orders = bench_swiglu.round_orders(["a", "b"], 2)
     assert calls == [("warm", 1), ("warm", 2)] + [
-        (kind, fn, 3) for _ in range(2) for fn in (1, 2) for kind in ("gpu", "wall")]
+        (kind, {"a": 1, "b": 2}[name], 3) for order in orders for name in order
+        for kind in ("gpu", "wall")]
+    # The first round in the given order, later ones shuffled (each variant once), so no
+    # variant always follows the same one.
+    names = list("abcdef")
+    orders = bench_swiglu.round_orders(names, 3)
+    assert orders[0] == names and all(sorted(o) == names for o in orders)
+    assert len({tuple(o) for o in orders}) == 3
+    assert orders == bench_swiglu.round_orders(names, 3)  # reproducible
     calls.clear()  # GPU time only (calibrate.py): no wall-time calls
     assert bench_swiglu.measure_side_by_side({"a": 1}, (), 2, 2, wall=False) == ({"a": 1.0}, None)
     assert [c[0] for c in calls] == ["warm", "gpu", "gpu"]
