@@ -141,7 +141,7 @@ def measure_side_by_side(fns, args, iterations, rounds, wall=True):
     times every variant for ceil(iterations / rounds) calls, in turn, and the medians
     are over all rounds. The order changes from round to round (the first as given, then
     seeded shuffles): in a fixed order a variant always follows the same one, and at the
-    72B M=8192 shape `auto` measured 4-10% slower than `interleaved`, the same kernel,
+    72B M=8192 shape `auto` measured 4-11% slower than `interleaved`, the same kernel,
     behind the long pingpong calls (runs 19 and 20).
     """
     if iterations < 1 or rounds < 1:

@@ -215,7 +215,8 @@ def benchmark_markdown(result) -> str:
 
 def _config_text(c) -> str:
     return (f"{c['schedule']} {c['tile_m']}x{c['tile_n']}x{c['tile_k']} "
-            f"cluster {c['cluster_m']}x{c['cluster_n']}")
+            f"cluster {c['cluster_m']}x{c['cluster_n']}"
+            + (" stream-K" if c.get("scheduler") == "stream-k" else ""))
 
 
 def _calibration_configs(result, kernels):

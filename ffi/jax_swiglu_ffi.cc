@@ -266,6 +266,11 @@ NB_MODULE(_kernels, m) {
       [](const std::string& kernel, const std::string& dtype, int64_t config, int64_t m,
          int64_t n, int64_t n_packed, int64_t k, int64_t swizzle, int64_t raster,
          int sm_count) -> size_t {
+        constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+        if (m > kMax || k > kMax || 2 * n_packed > kMax) {
+          throw std::invalid_argument("jax_swiglu: a dimension exceeds 2^31 - 1");
+        }
+        if (m <= 0) return 0;  // the handler launches nothing
         jax_swiglu::SwigluProblem problem{nullptr, nullptr, nullptr, m,
                                           n, n_packed, k, static_cast<int>(swizzle),
                                           static_cast<int>(raster)};

@@ -24,9 +24,9 @@ struct SwigluProblem {
   int64_t n;         // output columns, n <= n_packed
   int64_t n_packed;  // n rounded up to the gate/up block
   int64_t k;
-  // Persistent tile scheduler order, chosen per call by the Python selection table:
-  // tiles are visited in groups of `swizzle` (1, 2, 4 or 8) along the minor axis, and
-  // `raster` is 0 (CUTLASS heuristic), 1 (along M) or 2 (along N).
+  // Tile scheduler order (persistent and stream-K), chosen per call by the Python
+  // selection table: tiles are visited in groups of `swizzle` (1, 2, 4 or 8) along the
+  // minor axis, and `raster` is 0 (CUTLASS heuristic), 1 (along M) or 2 (along N).
   int swizzle;
   int raster;
   // Scratch for the kernels whose tile scheduler needs one (stream-K: partial sums and

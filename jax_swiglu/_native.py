@@ -79,22 +79,24 @@ def kernel_configs() -> dict[str, dict[int, KernelConfig]]:
     return table
 
 
-# SMs of an H100/H200 SXM: the workspace is sized for it when lowering with no local GPU.
-_DEFAULT_SM_COUNT = 132
+# SMs of a full GH100: with no local GPU the workspace is sized for every SM count up to it.
+_MAX_SM_COUNT = 144
 
 
 def workspace_bytes(kernel: str, dtype: str, config: int, *, m: int, n: int, n_packed: int,
                     k: int, swizzle: int, raster: int) -> int:
     """Bytes of scratch one call of ``kernel``/``config`` needs (0 for most configs).
 
-    Sized for the local GPU's SM count (a stream-K split depends on it); the FFI handler
-    checks the size again on the GPU it runs on and fails the call if it is too small.
+    A stream-K split depends on the SM count: sized for the local GPU's, or, lowering with
+    no local GPU, the largest size over every SM count an SM90 part can have. The FFI
+    handler checks the size again on the GPU it runs on and fails the call if too small.
     """
     if _kernels is None:
         return 0
-    sm_count = _kernels.device_sm_count() or _DEFAULT_SM_COUNT
-    return int(_kernels.workspace_bytes(kernel, dtype, config, m, n, n_packed, k, swizzle,
-                                        raster, sm_count))
+    local = _kernels.device_sm_count()
+    return max(int(_kernels.workspace_bytes(kernel, dtype, config, m, n, n_packed, k, swizzle,
+                                            raster, sm_count))
+               for sm_count in ([local] if local else range(1, _MAX_SM_COUNT + 1)))
 
 
 def _register() -> None:

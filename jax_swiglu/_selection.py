@@ -66,8 +66,10 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #   2026-11-29-calibration-tile-order-rounds.md  swizzle 1/4/8 of config 0, 7B..72B, M = 8192,
 #       timed in interleaved rounds. (An earlier run, -calibration-tile-order.md, timed each
 #       launch in one block and had favoured swizzling by 5-7%: clock drift, not reuse.)
-# The two pingpong-cluster runs number the configs as they were then: their 4 is config 1
-# now and their 7 is config 4; their 1, 5 and 6 won nowhere and were removed.
+# The -pingpong-clusters and -64-row-tiles runs number the configs as they were then: their 4
+# is config 1 now and their 7 is config 4. Their 5 (pingpong 128x128, 2x2 cluster) tied
+# their 4 at M = 512 (1.5B 46.4 vs 46.6 us, 3B 71.4 vs 72.8) and lost elsewhere; their 1
+# and 6 (pingpong 64x256) won nowhere; all three were removed.
 # The pingpong kernel (Kernel-1) has no row: it was slower than the best interleaved config
 # on every shape and M (1.1-1.3x at M = 128, 1.4-2.6x at M >= 2048; README, "The kernels").
 # An "xla" row runs the reference lowering on the packed weights (one [K, 2N] GEMM with an
@@ -102,15 +104,18 @@ SELECTION_TABLE: tuple[Rule, ...] = (
     Rule(512, "interleaved", 1,
          "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
          "other warpgroup's mainloop, and enough CTAs on these N (M=512: 1.5B 46.6 vs 53.9 us, "
-         "7B 189.4 vs 200.0 us for config 0)", max_n=18944),
+         "7B 189.4 vs 200.0 us for config 0; 3B a tie, 72.8 vs 71.6)", max_n=18944),
     Rule(2048, "interleaved", 1,
          "M <= 2048, N <= 11008: pingpong 128x128 tiles, as above (M=1024: 1.5B 82.5 vs "
-         "90.1 us for config 2; M=2048: 1.5B 155.1 vs 158.0 us for config 0)", max_n=11008),
+         "90.1 us for config 2, and config 0 measured 88.1 in another run; M=2048: 1.5B "
+         "155.1 vs 158.0 us for config 0)", max_n=11008),
     Rule(None, "interleaved", 0,
-         "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest on every shape "
-         "at M >= 4096 and at N > 11008 from M = 1024 on; the pingpong 128x128 2x1 config "
-         "trails it by 0-33% at M = 8192); tiles in swizzled groups of 4 or 8 measured no "
-         "faster side by side (M=8192, 72B: 10.79 vs 11.04/11.13 ms, 32B: 6.01 vs 6.01/5.94 ms)"),
+         "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest of the cooperative "
+         "configs at M >= 2048 and at N > 11008 from M = 1024 on; the pingpong 128x128 2x1 "
+         "config ties it at 0.5B M=8192 and trails by 4-33% elsewhere at M = 8192, 2-9% at "
+         "M = 2048 for N > 11008; M = 4096 not measured for it); tiles in swizzled groups of "
+         "4 or 8 measured no faster side by side (M=8192, 72B: 10.79 vs 11.04/11.13 ms, 32B: "
+         "6.01 vs 6.01/5.94 ms)"),
 )
 
 

@@ -210,3 +210,24 @@ def test_stream_k_config_gets_a_workspace_result():
             assert re.search(r"\(tensor<128x8960xbf16>, tensor<\d+xui8>\)", results), call
         else:
             assert results.strip() == "tensor<128x8960xbf16>", call
+
+
+def test_workspace_size_bounds():
+    """The stream-K workspace is sized for the local GPU or, with none, for every SM count
+    (the split depends on it); M = 0 needs none; a dimension past int32 is a Python error."""
+    from jax_swiglu import _native
+    [stream_k] = [c.id for c in jax_swiglu.kernel_configs()["interleaved"].values()
+                  if c.scheduler == "stream-k"]
+    shape = dict(n=18944, n_packed=18944, k=3584, swizzle=1, raster=0)
+    def for_sm_count(sms):
+        return _native._kernels.workspace_bytes("interleaved", "bfloat16", stream_k, 128,
+                                                *shape.values(), sms)
+    size = _native.workspace_bytes("interleaved", "bfloat16", stream_k, m=128, **shape)
+    local = _native._kernels.device_sm_count()
+    if local:  # a GPU here: sized for it
+        assert size == for_sm_count(local) > 0
+    else:
+        assert size >= max(for_sm_count(sms) for sms in (66, 114, 132)) > 0
+    assert _native.workspace_bytes("interleaved", "bfloat16", stream_k, m=0, **shape) == 0
+    with pytest.raises(ValueError, match="exceeds 2\\^31 - 1"):
+        _native.workspace_bytes("interleaved", "bfloat16", stream_k, m=2**31, **shape)

@@ -69,9 +69,9 @@ DETERMINISM_CASES = [
 
 @pytest.mark.parametrize("kernel, model, m, config", DETERMINISM_CASES)
 def test_bitwise_deterministic(kernel, model, m, config, key, monkeypatch):
-    """No atomics: each output element is one CTA's fixed-order sum, or with stream-K the
-    partial sums of a fixed set of CTAs added in a fixed order (CUTLASS's deterministic
-    reduction), so repeated calls and a recompiled function give the same bits."""
+    """No atomic accumulation: each output element is one CTA's fixed-order sum, or with
+    stream-K the partial sums of a fixed set of CTAs added in a fixed order (CUTLASS's
+    deterministic reduction), so repeated calls and a recompiled function give the same bits."""
     if config is not None:
         monkeypatch.setenv(CONFIG_ENV_VAR, str(config))
     jax.clear_caches()  # the config is read when a function is lowered
