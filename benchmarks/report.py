@@ -216,7 +216,8 @@ def benchmark_markdown(result) -> str:
 def _config_text(c) -> str:
     return (f"{c['schedule']} {c['tile_m']}x{c['tile_n']}x{c['tile_k']} "
             f"cluster {c['cluster_m']}x{c['cluster_n']}"
-            + (" stream-K" if c.get("scheduler") == "stream-k" else ""))
+            + (" stream-K" if c.get("scheduler") == "stream-k" else "")
+            + (f" silu-tail {c['silu_tail']}" if c.get("silu_tail") else ""))  # experiment rows
 
 
 def _calibration_configs(result, kernels):
