@@ -14,7 +14,10 @@
 #   8. with SASS=1 (after the build), the kernels' machine code (sass.txt.gz) and per kernel
 #      its MUFU and FMA-pipe instruction counts in summary.txt,
 #   9. with SANITIZE=1, scripts/sanitize.sh (compute-sanitizer; TOOLS, TOOL_TIMEOUT pass
-#      through), its summary appended to summary.txt and its logs joined in sanitize.log.
+#      through), its summary appended to summary.txt and its logs joined in sanitize.log,
+#  10. with GEMM_PROBE=1, benchmarks/gemm_probe/run.sh (GEMM_PROBE_ARGS: the M values): cuBLAS's
+#      bare GEMM, plain CUTLASS GEMMs with our kernels' tiles and our fused kernels, side by
+#      side, under sustained load and in short bursts (gemm_probe-idle*.{json,md}, -clocks.csv).
 # TESTS=0 skips step 3; TEST_TIMEOUT (seconds, default 1800) bounds it, so a hung kernel
 # still leaves the later steps time to run.
 # Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
@@ -115,6 +118,14 @@ if [ "${CALIBRATE:-0}" = 1 ]; then
       | tee -a "$SUMMARY"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+fi
+
+if [ "${GEMM_PROBE:-0}" = 1 ]; then
+  echo "== gemm probe: ${GEMM_PROBE_ARGS:-}" | tee -a "$SUMMARY"
+  # shellcheck disable=SC2086
+  OUT="$OUT" PYTHON="$PY" bash benchmarks/gemm_probe/run.sh ${GEMM_PROBE_ARGS:-} 2>&1 | tail -30 \
+    | tee -a "$SUMMARY"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 if [ "${TENSOR_PARALLEL:-0}" = 1 ]; then

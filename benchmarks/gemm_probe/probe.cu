@@ -1,0 +1,329 @@
+// Side by side in one process, on the Qwen2.5 MLP shapes (bf16, random data, weights
+// rotated through more than the 60 MB L2): cuBLAS's bare GEMM [M, K] x [K, 2N] (the
+// benchmark's baseline (c)), the same GEMM as plain CUTLASS kernels built like our fused
+// kernel (plain_gemm.cuh: same mainloop and tiles, CUTLASS's epilogue writing [M, 2N]),
+// and our fused interleaved kernel with those tiles (writing [M, N]).
+//
+// Usage: probe OUT.json IDLE_MS [M ...]   (default M: 512 2048 8192). The configs timed are
+// compiled in: GEMM_PROBE_PLAIN_IDS and GEMM_PROBE_FUSED_IDS (run.sh sets them).
+// Times: CUDA events around `kReps` back-to-back launches on rotating buffers, per launch;
+// the median of `kRounds` rounds, the variants in a fresh random order each round. After
+// each block of kReps launches the GPU idles IDLE_MS milliseconds. The regime matters on
+// an H200 at its 700 W limit: with no idle time the load is sustained and the clocks drop
+// (as in a model's forward pass); with idle time each block runs in a short burst at high
+// clocks (as in benchmarks/bench_swiglu.py, whose jitted calls are separated by Python).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launch.h"
+
+namespace gemm_probe {
+template <int ConfigId>
+std::string LaunchPlain(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&,
+                        cudaStream_t);
+
+using Launcher = std::string (*)(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&,
+                                 cudaStream_t);
+struct Compiled {
+  int config;
+  Launcher launch;
+};
+// The configs compiled in (run.sh passes the lists and builds one translation unit each).
+template <int... Ids>
+std::vector<Compiled> PlainLaunchers() {
+  return {{Ids, &LaunchPlain<Ids>}...};
+}
+template <int... Ids>
+std::vector<Compiled> FusedLaunchers() {
+  return {{Ids, &jax_swiglu::LaunchInterleaved<Ids, jax_swiglu::BF16>}...};
+}
+}  // namespace gemm_probe
+
+#if __has_include("probe_ids.h")  // written by run.sh next to its copy of this file
+#include "probe_ids.h"
+#endif
+#ifndef GEMM_PROBE_PLAIN_IDS
+#define GEMM_PROBE_PLAIN_IDS 0, 1
+#endif
+#ifndef GEMM_PROBE_FUSED_IDS
+#define GEMM_PROBE_FUSED_IDS 0, 1
+#endif
+
+#define CHECK_CUDA(call)                                                              \
+  do {                                                                                \
+    cudaError_t err_ = (call);                                                        \
+    if (err_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,               \
+                   cudaGetErrorString(err_));                                         \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+#define CHECK_CUBLAS(call)                                                                 \
+  do {                                                                                     \
+    cublasStatus_t st_ = (call);                                                           \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                    \
+      std::fprintf(stderr, "%s:%d %s: cuBLAS status %d\n", __FILE__, __LINE__, #call,      \
+                   static_cast<int>(st_));                                                 \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+namespace {
+
+constexpr int kReps = 10;
+constexpr int kRounds = 7;
+constexpr size_t kRotationBytes = size_t(192) << 20;  // > 3 x the 60 MB L2
+
+struct Model {
+  const char* name;
+  int hidden, intermediate;
+};
+constexpr Model kModels[] = {{"qwen2.5-0.5b", 896, 4864},   {"qwen2.5-1.5b", 1536, 8960},
+                             {"qwen2.5-3b", 2048, 11008},   {"qwen2.5-7b", 3584, 18944},
+                             {"qwen2.5-14b", 5120, 13824},  {"qwen2.5-32b", 5120, 27648},
+                             {"qwen2.5-72b", 8192, 29568}};
+
+// Uniform in [-1, 1) from a hash of the index, as bf16 bits.
+__global__ void FillRandom(uint16_t* data, size_t count, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    h *= 3266489917u;
+    h ^= h >> 16;
+    const float value = (h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    data[i] = static_cast<uint16_t>(__float_as_uint(value) >> 16);
+  }
+}
+
+__device__ float Bf16ToFloat(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+
+// max |a - b| and max |b| over `count` bf16 values (non-negative floats order as their bits).
+__global__ void MaxDifference(const uint16_t* a, const uint16_t* b, size_t count,
+                              unsigned* max_diff, unsigned* max_ref) {
+  float diff = 0.0f, ref = 0.0f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float x = Bf16ToFloat(a[i]), y = Bf16ToFloat(b[i]);
+    diff = fmaxf(diff, fabsf(x - y));
+    ref = fmaxf(ref, fabsf(y));
+  }
+  atomicMax(max_diff, __float_as_uint(diff));
+  atomicMax(max_ref, __float_as_uint(ref));
+}
+
+uint16_t* AllocRandom(size_t count, uint32_t seed) {
+  uint16_t* data = nullptr;
+  CHECK_CUDA(cudaMalloc(&data, count * sizeof(uint16_t)));
+  FillRandom<<<1024, 256>>>(data, count, seed);
+  CHECK_CUDA(cudaGetLastError());
+  return data;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s OUT.json IDLE_MS [M ...]\n", argv[0]);
+    return 2;
+  }
+  const int idle_ms = std::atoi(argv[2]);
+  std::vector<int> ms;
+  for (int i = 3; i < argc; ++i) ms.push_back(std::atoi(argv[i]));
+  if (ms.empty()) ms = {512, 2048, 8192};
+
+  jax_swiglu::DeviceFacts facts{};
+  CHECK_CUDA(cudaGetDevice(&facts.device));
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, facts.device));
+  facts.sm_count = prop.multiProcessorCount;
+  facts.cc_major = prop.major;
+  facts.cc_minor = prop.minor;
+  int cublas_version = 0;
+
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  cublasHandle_t handle;
+  CHECK_CUBLAS(cublasCreate(&handle));
+  CHECK_CUBLAS(cublasGetVersion(handle, &cublas_version));
+  CHECK_CUBLAS(cublasSetStream(handle, stream));
+  void* cublas_workspace = nullptr;
+  const size_t cublas_workspace_bytes = size_t(64) << 20;
+  CHECK_CUDA(cudaMalloc(&cublas_workspace, cublas_workspace_bytes));
+  CHECK_CUBLAS(cublasSetWorkspace(handle, cublas_workspace, cublas_workspace_bytes));
+  unsigned* maxima = nullptr;
+  CHECK_CUDA(cudaMalloc(&maxima, 2 * sizeof(unsigned)));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+
+  FILE* json = std::fopen(argv[1], "w");
+  if (!json) {
+    std::perror(argv[1]);
+    return 1;
+  }
+  std::fprintf(json,
+               "{\"gpu\": \"%s\", \"sm_count\": %d, \"cublas_version\": %d, \"reps\": %d, "
+               "\"rounds\": %d, \"idle_ms\": %d, \"rotation_bytes\": %zu, \"rows\": [",
+               prop.name, facts.sm_count, cublas_version, kReps, kRounds, idle_ms, kRotationBytes);
+  std::printf("GPU idle after each block of %d launches: %d ms\n\n", kReps, idle_ms);
+  const std::vector<gemm_probe::Compiled> plain = gemm_probe::PlainLaunchers<GEMM_PROBE_PLAIN_IDS>();
+  const std::vector<gemm_probe::Compiled> fused = gemm_probe::FusedLaunchers<GEMM_PROBE_FUSED_IDS>();
+  if (plain.empty()) {
+    std::fprintf(stderr, "at least one plain config is needed (it is checked against cuBLAS)\n");
+    return 2;
+  }
+  std::mt19937 shuffle_rng(2026);
+  bool first_row = true;
+  for (int m : ms) {
+    for (const Model& model : kModels) {
+      const int k = model.hidden, n = model.intermediate, n2 = 2 * n;
+      const size_t set_bytes = (size_t(m) * k + size_t(k) * n2) * sizeof(uint16_t);
+      const int sets = static_cast<int>(std::min<size_t>(
+          32, std::max<size_t>(2, (kRotationBytes + set_bytes - 1) / set_bytes)));
+      std::vector<uint16_t*> xs, ws;
+      for (int s = 0; s < sets; ++s) {
+        xs.push_back(AllocRandom(size_t(m) * k, 17 + 2 * s));
+        ws.push_back(AllocRandom(size_t(k) * n2, 18 + 2 * s));
+      }
+      uint16_t *out_plain = nullptr, *out_cublas = nullptr, *out_fused = nullptr;
+      CHECK_CUDA(cudaMalloc(&out_plain, size_t(m) * n2 * sizeof(uint16_t)));
+      CHECK_CUDA(cudaMalloc(&out_cublas, size_t(m) * n2 * sizeof(uint16_t)));
+      CHECK_CUDA(cudaMalloc(&out_fused, size_t(m) * n * sizeof(uint16_t)));
+
+      auto problem = [&](int s, void* out) {
+        jax_swiglu::SwigluProblem p{};
+        p.x = xs[s];
+        p.packed = ws[s];  // timing only: any [K, 2N] data is a valid packed matrix
+        p.out = out;
+        p.m = m;
+        p.n = n;
+        p.n_packed = n;  // every Qwen2.5 intermediate size is a multiple of 64
+        p.k = k;
+        p.swizzle = 1;
+        p.raster = 0;
+        return p;
+      };
+      auto check = [](const std::string& error) {
+        if (!error.empty()) {
+          std::fprintf(stderr, "%s\n", error.c_str());
+          std::exit(1);
+        }
+      };
+      const float alpha = 1.0f, beta = 0.0f;
+      struct Variant {
+        std::string name;
+        std::function<void(int)> launch;
+      };
+      std::vector<Variant> variants;
+      variants.push_back({"cublas", [&](int s) {
+        CHECK_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n2, m, k, &alpha, ws[s],
+                                  CUDA_R_16BF, n2, xs[s], CUDA_R_16BF, k, &beta, out_cublas,
+                                  CUDA_R_16BF, n2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }});
+      for (const auto& c : plain)
+        variants.push_back({"plain:" + std::to_string(c.config),
+                            [&, c](int s) { check(c.launch(problem(s, out_plain), facts, stream)); }});
+      for (const auto& c : fused)
+        variants.push_back({"fused:" + std::to_string(c.config),
+                            [&, c](int s) { check(c.launch(problem(s, out_fused), facts, stream)); }});
+      if (first_row) {
+        std::printf("| model | M |");
+        for (auto& v : variants) std::printf(" %s |", v.name.c_str());
+        for (size_t v = 1; v < variants.size(); ++v) std::printf(" %s/cublas |", variants[v].name.c_str());
+        std::printf(" plain vs cublas max diff |\n|---|---|");
+        for (size_t v = 1; v < 2 * variants.size(); ++v) std::printf("---|");
+        std::printf("\n");
+      }
+
+      // Does the (first) plain kernel compute the product? (Against cuBLAS, on set 0.)
+      variants[0].launch(0);
+      variants[1].launch(0);
+      CHECK_CUDA(cudaMemsetAsync(maxima, 0, 2 * sizeof(unsigned), stream));
+      MaxDifference<<<1024, 256, 0, stream>>>(out_plain, out_cublas, size_t(m) * n2, maxima,
+                                              maxima + 1);
+      unsigned host_maxima[2];
+      CHECK_CUDA(cudaMemcpyAsync(host_maxima, maxima, sizeof(host_maxima), cudaMemcpyDeviceToHost,
+                                 stream));
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      float max_diff, max_ref;
+      std::memcpy(&max_diff, &host_maxima[0], 4);
+      std::memcpy(&max_ref, &host_maxima[1], 4);
+
+      for (auto& v : variants)
+        for (int i = 0; i < 3; ++i) v.launch(i % sets);  // warm-up
+      std::vector<std::vector<double>> times(variants.size());
+      std::vector<size_t> order(variants.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      int next_set = 0;
+      for (int round = 0; round < kRounds; ++round) {
+        std::shuffle(order.begin(), order.end(), shuffle_rng);
+        for (size_t v : order) {
+          CHECK_CUDA(cudaEventRecord(start, stream));
+          for (int r = 0; r < kReps; ++r) {
+            variants[v].launch(next_set);
+            next_set = (next_set + 1) % sets;
+          }
+          CHECK_CUDA(cudaEventRecord(stop, stream));
+          CHECK_CUDA(cudaEventSynchronize(stop));
+          float ms_total = 0.0f;
+          CHECK_CUDA(cudaEventElapsedTime(&ms_total, start, stop));
+          times[v].push_back(1000.0 * ms_total / kReps);
+          if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(idle_ms));
+        }
+      }
+      CHECK_CUDA(cudaGetLastError());
+
+      std::vector<double> us(variants.size());
+      for (size_t v = 0; v < variants.size(); ++v) us[v] = Median(times[v]);
+      std::printf("| %s | %d |", model.name, m);
+      for (double t : us) std::printf(" %.1f |", t);
+      for (size_t v = 1; v < us.size(); ++v) std::printf(" %.3f |", us[v] / us[0]);
+      std::printf(" %.3g of %.3g |\n", max_diff, max_ref);
+      std::fflush(stdout);
+      std::fprintf(json, "%s\n {\"model\": \"%s\", \"m\": %d, \"k\": %d, \"n\": %d, \"sets\": %d, "
+                   "\"plain_vs_cublas_max_abs_diff\": %g, \"cublas_max_abs\": %g, \"us\": {",
+                   first_row ? "" : ",", model.name, m, k, n, sets, max_diff, max_ref);
+      for (size_t v = 0; v < variants.size(); ++v)
+        std::fprintf(json, "%s\"%s\": %.3f", v ? ", " : "", variants[v].name.c_str(), us[v]);
+      std::fprintf(json, "}, \"rounds_us\": {");
+      for (size_t v = 0; v < variants.size(); ++v) {
+        std::fprintf(json, "%s\"%s\": [", v ? ", " : "", variants[v].name.c_str());
+        for (size_t r = 0; r < times[v].size(); ++r)
+          std::fprintf(json, "%s%.3f", r ? ", " : "", times[v][r]);
+        std::fprintf(json, "]");
+      }
+      std::fprintf(json, "}}");
+      first_row = false;
+
+      for (auto* p : xs) CHECK_CUDA(cudaFree(p));
+      for (auto* p : ws) CHECK_CUDA(cudaFree(p));
+      CHECK_CUDA(cudaFree(out_plain));
+      CHECK_CUDA(cudaFree(out_cublas));
+      CHECK_CUDA(cudaFree(out_fused));
+    }
+  }
+  std::fprintf(json, "\n]}\n");
+  std::fclose(json);
+  return 0;
+}

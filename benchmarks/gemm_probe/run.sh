@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds and runs the GEMM probe (probe.cu) on an SM90 GPU with the CUTLASS headers of the
+# installed nvidia-cutlass package and the CUDA toolkit's (else the nvidia-cublas wheel's)
+# cuBLAS. Arguments: the M values. For each IDLE_MS value (default "0 30": sustained load,
+# then short bursts; see probe.cu) writes $OUT/gemm_probe-idle<ms>.json, .md
+# and -clocks.csv (nvidia-smi's SM clock and power draw through the run).
+# PLAIN_IDS and FUSED_IDS (default "0 1") name the interleaved configs to time.
+#   OUT=dir IDLE_MS="0 30" bash benchmarks/gemm_probe/run.sh 2048 8192
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gemm_probe_out}
+BUILD=${BUILD:-$(mktemp -d)}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT" "$BUILD"
+
+CUTLASS_INCLUDE=$("$PY" -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))")
+NVIDIA_DIRS=$("$PY" -c "import nvidia; print(' '.join(nvidia.__path__))" 2>/dev/null || true)
+# The first file named $1 under the toolkit, then under the nvidia-* wheels.
+find_first() {
+  find /usr/local/cuda/include /usr/local/cuda/lib64 $NVIDIA_DIRS -name "$1" -print -quit \
+    2>/dev/null || true
+}
+CUBLAS_HEADER=$(find_first cublas_v2.h)
+CUBLAS_LIBRARY=$(find_first 'libcublas.so*')
+[ -n "$CUBLAS_HEADER" ] && [ -n "$CUBLAS_LIBRARY" ] || { echo "cuBLAS not found"; exit 1; }
+echo "CUTLASS: $CUTLASS_INCLUDE; cuBLAS: $CUBLAS_HEADER, $CUBLAS_LIBRARY"
+
+FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr
+       -Xcudafe=--diag_suppress=esa_on_defaulted_function_ignored
+       -I ffi -I benchmarks/gemm_probe -isystem "$CUTLASS_INCLUDE" -I "$(dirname "$CUBLAS_HEADER")")
+# The interleaved configs (ffi/kernel_configs.h) to time as plain GEMMs and as fused kernels.
+PLAIN_IDS=${PLAIN_IDS:-0 1}
+FUSED_IDS=${FUSED_IDS:-0 1}
+# One kernel per translation unit, compiled in parallel (each takes about a minute).
+units=()
+for id in $PLAIN_IDS; do
+  printf '#include "plain_gemm.cuh"\ntemplate std::string gemm_probe::LaunchPlain<%d>(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&, cudaStream_t);\n' "$id" > "$BUILD/plain$id.cu"
+  units+=("plain$id")
+done
+for id in $FUSED_IDS; do
+  printf '#include "kernels/interleaved_kernel.cuh"\ntemplate std::string jax_swiglu::LaunchInterleaved<%d, jax_swiglu::BF16>(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&, cudaStream_t);\n' "$id" > "$BUILD/fused$id.cu"
+  units+=("fused$id")
+done
+cp benchmarks/gemm_probe/probe.cu "$BUILD/probe.cu"
+printf '#define GEMM_PROBE_PLAIN_IDS %s\n#define GEMM_PROBE_FUSED_IDS %s\n' \
+  "$(echo $PLAIN_IDS | tr ' ' ,)" "$(echo $FUSED_IDS | tr ' ' ,)" > "$BUILD/probe_ids.h"
+units+=(probe)
+pids=()
+for unit in "${units[@]}"; do
+  nvcc "${FLAGS[@]}" -c "$BUILD/$unit.cu" -o "$BUILD/$unit.o" > "$BUILD/$unit.log" 2>&1 &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || { tail -40 "$BUILD"/*.log; exit 1; }; done
+nvcc -gencode=arch=compute_90a,code=sm_90a "$BUILD"/*.o -o "$BUILD/probe" \
+  -L"$(dirname "$CUBLAS_LIBRARY")" -l:"$(basename "$CUBLAS_LIBRARY")" \
+  -Xlinker -rpath -Xlinker "$(dirname "$CUBLAS_LIBRARY")"
+for idle in ${IDLE_MS:-0 30}; do
+  # The SM clock and power draw through the run, every 100 ms, for reading the regime.
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader -lms 100 \
+    > "$OUT/gemm_probe-idle$idle-clocks.csv" &
+  sampler=$!
+  "$BUILD/probe" "$OUT/gemm_probe-idle$idle.json" "$idle" "$@" | tee "$OUT/gemm_probe-idle$idle.md"
+  kill "$sampler"
+done
