@@ -115,11 +115,18 @@ def test_float16(kernel, m, key):
     check_kernel(kernel, m, 1536, 8960, key, dtype=jnp.float16)
 
 
-@pytest.mark.parametrize("kernel", FUSED_KERNELS)
-def test_silu_over_the_whole_float_range(kernel):
-    """SiLU as the kernels compute it (MUFU exp; a Newton reciprocal on even output columns,
-    MUFU's on odd ones) against the reference's, for gates from -inf to inf: x = e_0 makes
-    every row's gate and up the first weight row. Each special value sits on both parities."""
+@pytest.mark.parametrize("kernel, config", [(kernel, None) for kernel in FUSED_KERNELS] + [
+    ("interleaved", config) for config in jax_swiglu.kernel_configs().get("interleaved", {})])
+def test_silu_over_the_whole_float_range(kernel, config, monkeypatch, request):
+    """SiLU as the kernels compute it (MUFU exp; the reciprocal MUFU's, or, on the cooperative
+    interleaved configs, Newton's on even output columns and MUFU's on odd ones) against the
+    reference's, for gates from -inf to inf: x = e_0 makes every row's gate and up the first
+    weight row. Each special value sits on both parities. With `config`, that interleaved
+    config is forced (else the selection table's)."""
+    if config is not None:
+        monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(config))
+    jax.clear_caches()  # the variable is read at lowering
+    request.addfinalizer(jax.clear_caches)
     m, k, n = 128, 64, 1024
     specials = np.repeat([-np.inf, np.inf, np.nan, -1e30, -120.0, -88.5, -87.0, -0.0, 0.0, 1e-30,
                           1e30], 2)

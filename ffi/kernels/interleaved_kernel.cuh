@@ -56,7 +56,10 @@ struct InterleavedKernel {
   using ClusterShape =
       cute::Shape<cute::Int<kConfig.cluster_m>, cute::Int<kConfig.cluster_n>, cute::_1>;
 
-  using Epilogue = SwiGluEpilogue<Element, TileShape>;
+  // SiLU's reciprocal: alternating Newton and MUFU for the cooperative schedule, MUFU's
+  // for pingpong (swiglu_epilogue.cuh, Silu).
+  using Epilogue = SwiGluEpilogue<
+      Element, TileShape, InterleavedPairs<kConfig.schedule == Schedule::Cooperative>>;
 
   // A = x [M, K] (K contiguous), B = packed [K, 2N] (packed N contiguous), fp32 accumulate.
   static constexpr int kAlignment = 16 / sizeof(Element);

@@ -35,7 +35,12 @@ namespace jax_swiglu {
 //    two Newton steps, each squaring the error: at most 6.6e-6 there (an fp32 emulation),
 //    far below a bf16 half-ulp, so the output still rounds once from a near-exact value.
 // MUFU.RCP alone makes a tile's SiLU 2048 MUFU clocks, Newton alone ~2000 issue clocks;
-// alternating them (`Combine` takes the even/odd column of each pair) ~1650.
+// alternating them (`Combine` takes the even/odd column of each pair) ~1650. That is for
+// the cooperative schedule. In the pingpong schedule one warpgroup runs its epilogue at a
+// time (one math warp per scheduler) while the other's wgmmas run: there the chain of
+// dependent instructions is what counts, and MUFU.RCP on every column measured 1-6%
+// faster than alternating on all 14 rows at M = 512 and 2048 (run 29,
+// benchmarks/results/NVIDIA_H200/2026-11-29-gemm-probe-epilogue.md).
 // Range, both ways: SiLU(+inf) = inf, SiLU(-inf) = -inf * 0 = NaN, SiLU(NaN) = NaN, as in
 // the reference. Below g = -86.6 the sigmoid is under 2^-125, and each way returns a tiny
 // value or 0 where the reference has a tiny value or 0 (outputs at most ~1e-36 apart):
@@ -71,6 +76,9 @@ CUTLASS_DEVICE float Silu(float gate) {
 
 // Interleaved kernel: one atom spans [gate block | up block | ...] of 64 columns each, so
 // the up partner of gate block b is block b + 8 of the same atom, and SiLU is still due.
+// kAlternateReciprocal: SiLU's reciprocal alternates Newton (even columns) and MUFU.RCP
+// (odd), for the cooperative schedule, or is MUFU.RCP on both, for pingpong (see Silu).
+template <bool kAlternateReciprocal>
 struct InterleavedPairs {
   static constexpr int kBlocksPerHalf = kGateUpBlock / 8;
   CUTLASS_HOST_DEVICE static constexpr bool IsGate(int block, int /*mma_n*/) {
@@ -84,9 +92,14 @@ struct InterleavedPairs {
   // `column`: 0 or 1, which of a thread's two adjacent columns (see Silu for why).
   template <int column>
   CUTLASS_DEVICE static float Combine(float gate, float up) {
-    return Silu<column == 0>(gate) * up;
+    return Silu<kAlternateReciprocal && column == 0>(gate) * up;
   }
 };
+
+template <class Pairs>
+inline constexpr bool kIsInterleavedPairs = false;
+template <bool kAlternateReciprocal>
+inline constexpr bool kIsInterleavedPairs<InterleavedPairs<kAlternateReciprocal>> = true;
 
 // Gate-then-up (pingpong) kernel: the gate pass accumulates into MMA_N index 0 and the up
 // pass into index 1, and the mainloop has already replaced the gate values by SiLU(g).
@@ -101,7 +114,7 @@ struct SequentialPairs {
   }
 };
 
-template <class ElementD_, class CtaTileShape_, class Pairs = InterleavedPairs>
+template <class ElementD_, class CtaTileShape_, class Pairs>
 class SwiGluEpilogue {
  public:
   using ElementD = ElementD_;
@@ -276,8 +289,8 @@ class SwiGluEpilogue {
     static_assert(rank(AccLayout{}) == 3 && rank<0>(AccLayout{}) == 3);
     static_assert(size<0, 0>(AccLayout{}) == 2 && size<0, 1>(AccLayout{}) == 2);
     constexpr int kBlocks = size<0, 2>(AccLayout{});
-    if constexpr (is_same_v<Pairs, InterleavedPairs>) {
-      static_assert(kBlocks % (2 * InterleavedPairs::kBlocksPerHalf) == 0,
+    if constexpr (kIsInterleavedPairs<Pairs>) {
+      static_assert(kBlocks % (2 * Pairs::kBlocksPerHalf) == 0,
                     "an MMA atom must hold whole gate/up block pairs");
     } else {
       static_assert(size<2>(AccLayout{}) == 2, "gate and up accumulators: MMA_N is 2");
