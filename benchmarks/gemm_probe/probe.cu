@@ -1,8 +1,9 @@
 // Side by side in one process, on the Qwen2.5 MLP shapes (bf16, random data, weights
-// rotated through more than the 60 MB L2): cuBLAS's bare GEMM [M, K] x [K, 2N] (the
-// benchmark's baseline (c)), the same GEMM as plain CUTLASS kernels built like our fused
-// kernel (plain_gemm.cuh: same mainloop and tiles, CUTLASS's epilogue writing [M, 2N]),
-// and our fused interleaved kernel with those tiles (writing [M, N]).
+// rotated through more than the 60 MB L2): cuBLAS's bare GEMM [M, K] x [K, 2N] through
+// cublasGemmEx's default algorithm (the benchmark's baseline (c) is XLA's autotuned cuBLASLt
+// call of the same product, so its times differ), the same GEMM as plain CUTLASS kernels
+// built like our fused kernel (plain_gemm.cuh: same mainloop and tiles, CUTLASS's epilogue
+// writing [M, 2N]), and our fused interleaved kernel with those tiles (writing [M, N]).
 //
 // Usage: probe OUT.json IDLE_MS [M ...]   (default M: 512 2048 8192). The configs timed are
 // compiled in: GEMM_PROBE_PLAIN_IDS and GEMM_PROBE_FUSED_IDS (run.sh sets them).
