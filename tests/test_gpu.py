@@ -118,11 +118,11 @@ def test_float16(kernel, m, key):
 @pytest.mark.parametrize("kernel, config", [(kernel, None) for kernel in FUSED_KERNELS] + [
     ("interleaved", config) for config in jax_swiglu.kernel_configs().get("interleaved", {})])
 def test_silu_over_the_whole_float_range(kernel, config, monkeypatch, request):
-    """SiLU as the kernels compute it (MUFU exp; the reciprocal MUFU's, or, on the cooperative
-    interleaved configs, Newton's on even output columns and MUFU's on odd ones) against the
-    reference's, for gates from -inf to inf: x = e_0 makes every row's gate and up the first
-    weight row. Each special value sits on both parities. With `config`, that interleaved
-    config is forced (else the selection table's)."""
+    """SiLU as the kernels compute it (MUFU exp; the reciprocal Newton's on even output columns
+    and MUFU's on odd ones, or MUFU's on all in the interleaved kernel's pingpong configs)
+    against the reference's, for gates from -inf to inf: x = e_0 makes every row's gate and up
+    the first weight row. Each special value sits on both parities. With `config`, that
+    interleaved config is forced (else the selection table's)."""
     if config is not None:
         monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(config))
     jax.clear_caches()  # the variable is read at lowering
