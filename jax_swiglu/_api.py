@@ -58,7 +58,7 @@ def swiglu(x, packed, *, kernel: str = "auto"):
     return y.reshape(*lead, packed.n)
 
 
-def fused_mlp(x, packed, w_down, *, kernel: str = "auto"):
+def fused_mlp(x, packed, w_down, *, kernel: str = "auto", reduce_dtype=None):
     """A whole SwiGLU MLP block: ``(SiLU(x @ W_gate) * (x @ W_up)) @ W_down``.
 
     The gated part is :func:`swiglu`; the down projection is a plain XLA dot. With the
@@ -70,6 +70,13 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto"):
       packed: :class:`PackedWeights` (``K -> N``).
       w_down: ``[N, K_out]``, same dtype as ``x``.
       kernel: as in :func:`swiglu`.
+      reduce_dtype: ``None`` (x's dtype) or ``jnp.float32``: the dtype of the down
+        projection's result before the cast to x's dtype, so under row parallelism the
+        dtype of the partial sums that the all-reduce adds. x's dtype, as a plain XLA model
+        does it, rounds each shard's partial sum, and where partial sums cancel an element
+        can move by a few percent of its value; float32 gives the one-device result up to
+        the order of summation, for twice the all-reduce's bytes and a cast after it
+        (benchmarks/tensor_parallel.py measures both). On one device the two agree.
     """
     packed = _layout.as_packed(packed, "packed")
     if not hasattr(w_down, "shape") or w_down.ndim != 2 or w_down.shape[0] != packed.n:
@@ -78,8 +85,14 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto"):
             f"{tuple(getattr(w_down, 'shape', ())) or type(w_down).__name__}")
     if w_down.dtype != x.dtype:
         raise TypeError(f"w_down is {w_down.dtype} but x is {x.dtype}; they must match")
+    reduce_dtype = jnp.dtype(x.dtype if reduce_dtype is None else reduce_dtype)
+    if reduce_dtype not in (jnp.dtype(jnp.float32), jnp.dtype(x.dtype)):
+        raise TypeError(f"reduce_dtype must be None (x's dtype, {x.dtype}) or float32, got "
+                        f"{reduce_dtype}")
     y = swiglu(x, packed, kernel=kernel)
-    return jnp.matmul(y, w_down, out_sharding=_down_projection_sharding(y, w_down))
+    out = jnp.matmul(y, w_down, preferred_element_type=reduce_dtype,
+                     out_sharding=_down_projection_sharding(y, w_down))
+    return out.astype(x.dtype)
 
 
 def _down_projection_sharding(y, w_down):

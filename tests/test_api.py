@@ -148,6 +148,24 @@ def test_bad_w_down(packed):
         fused_mlp(x, packed, jnp.zeros((64, 32), jnp.float32))
 
 
+@pytest.mark.parametrize("reduce_dtype", [jnp.int32, jnp.float16, jnp.float64])
+def test_bad_reduce_dtype(packed, reduce_dtype):
+    x = jnp.zeros((4, 32), jnp.bfloat16)
+    with pytest.raises(TypeError, match=r"reduce_dtype must be None \(x's dtype, bfloat16\) or float32"):
+        fused_mlp(x, packed, jnp.zeros((64, 32), jnp.bfloat16), reduce_dtype=reduce_dtype)
+
+
+def test_reduce_dtype_sets_the_down_projections_sums(packed):
+    """The dot's result type is reduce_dtype (x's by default); the output is x's dtype."""
+    x, w_down = jnp.ones((4, 32), jnp.bfloat16), jnp.ones((64, 16), jnp.bfloat16)
+    for reduce_dtype in (None, jnp.float32, jnp.bfloat16):
+        jaxpr = jax.make_jaxpr(
+            lambda x, p, w: fused_mlp(x, p, w, reduce_dtype=reduce_dtype))(x, packed, w_down)
+        dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+        assert [str(e.outvars[0].aval.dtype) for e in dots] == [jnp.dtype(reduce_dtype or x.dtype).name]
+        assert jaxpr.out_avals[0].dtype == jnp.bfloat16
+
+
 def test_explain_on_cpu(packed):
     text = jax_swiglu.explain(jax.ShapeDtypeStruct((8, 32), jnp.bfloat16), packed, platform="cpu")
     assert "M=8 N=64 K=32" in text and "xla" in text
