@@ -17,7 +17,10 @@
 #      through), its summary appended to summary.txt and its logs joined in sanitize.log,
 #  10. with GEMM_PROBE=1, benchmarks/gemm_probe/run.sh (GEMM_PROBE_ARGS: the M values): cuBLAS's
 #      bare GEMM, plain CUTLASS GEMMs with our kernels' tiles and our fused kernels, side by
-#      side, under sustained load and in short bursts (gemm_probe-idle*.{json,md}, -clocks.csv).
+#      side, under sustained load and in short bursts (gemm_probe-idle*.{json,md}, -clocks.csv),
+#  11. with NCU=1, Nsight Compute over benchmarks/profile_kernels.py (NCU_ARGS: its --rows and
+#      --launches): one call each of the bare GEMM and fused launches, clocks left alone;
+#      ncu.txt holds the report's details page, ncu-raw.csv every metric collected.
 # TESTS=0 skips step 3; TEST_TIMEOUT (seconds, default 1800) bounds it, so a hung kernel
 # still leaves the later steps time to run.
 # Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
@@ -149,6 +152,25 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   done > "$OUT/sanitize.log"
   rm -rf "$OUT/sanitize"
   if [ "$(stat -c %s "$OUT/sanitize.log")" -gt $((15 << 20)) ]; then gzip -f "$OUT/sanitize.log"; fi
+fi
+
+if [ "${NCU:-0}" = 1 ]; then
+  echo "== ncu: ${NCU_ARGS:-}" | tee -a "$SUMMARY"
+  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+  rm -f "$OUT/ncu.ncu-rep"
+  # shellcheck disable=SC2086
+  # No preallocated pool: ncu saves and restores the memory a kernel can reach between passes.
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${NCU_TIMEOUT:-300}" "$NCU_BIN" --profile-from-start off --clock-control none \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
+      -o "$OUT/ncu" "$PY" benchmarks/profile_kernels.py ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1
+  [ $? -eq 0 ] || status=1
+  tail -5 "$OUT/ncu.log" | tee -a "$SUMMARY"
+  if [ -f "$OUT/ncu.ncu-rep" ]; then
+    "$NCU_BIN" --import "$OUT/ncu.ncu-rep" --page details > "$OUT/ncu.txt" 2>&1
+    "$NCU_BIN" --import "$OUT/ncu.ncu-rep" --page raw --csv > "$OUT/ncu-raw.csv" 2>&1
+    rm -f "$OUT/ncu.ncu-rep"
+  fi
 fi
 
 echo "== done, status $status" | tee -a "$SUMMARY"

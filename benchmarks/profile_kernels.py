@@ -1,0 +1,100 @@
+"""Run the bare GEMM (the benchmark's baseline (c)) and fused launches once each, for Nsight
+Compute to profile side by side: why does a fused kernel trail cuBLAS on a shape?
+
+    ncu --target-processes all -o prof python benchmarks/profile_kernels.py \
+        --rows qwen2.5-0.5b:8192 qwen2.5-7b:128 --launches auto interleaved:1
+
+Each (model, M) row builds one input set (the benchmark's random data, weights in HBM: ncu
+flushes the caches before each kernel replay by default), compiles every variant first,
+then calls each once more between cudaProfilerStart/Stop, so `ncu --profile-from-start off`
+sees exactly one call per variant. A launch is "gemm", "auto", or KERNEL:LAUNCH as in
+JAX_SWIGLU_CONFIG (forced the way calibrate.py forces it). scripts/gpu_check.sh (NCU=1) runs
+it under ncu and writes the report's details page as text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+
+import jax
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_swiglu  # noqa: E402  (same folder)
+
+from jax_swiglu import QWEN25_MLPS, _selection  # noqa: E402
+
+
+def _variant(launch):
+    if launch == "gemm":
+        return bench_swiglu.gemm_only, {}
+    if launch == "auto":
+        return bench_swiglu.fused("auto"), {}
+    kernel, config = launch.split(":", 1)
+    return bench_swiglu.fused("auto"), {_selection.ENV_VAR: kernel,
+                                        _selection.CONFIG_ENV_VAR: config}
+
+
+def _compiled(launch, x, w):
+    fn, env = _variant(launch)
+    os.environ.update(env)  # read at lowering, so only while compiling
+    try:
+        return jax.jit(fn).lower(x, w).compile()
+    finally:
+        for name in env:
+            del os.environ[name]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", nargs="+", required=True, help="MODEL:M, e.g. qwen2.5-7b:128")
+    parser.add_argument("--launches", nargs="+", default=["gemm", "auto"])
+    args = parser.parse_args(argv)
+    profiler = _DriverProfiler()
+
+    for row in args.rows:
+        model, m = row.rsplit(":", 1)
+        k, n = QWEN25_MLPS[model]
+        x, w = bench_swiglu._make_sets(jax.random.key(0), int(m), k, n, 1)[0]
+        compiled = {launch: _compiled(launch, x, w) for launch in args.launches}
+        for fn in compiled.values():
+            jax.block_until_ready(fn(x, w))  # warm-up, outside the profiled range
+        for launch, fn in compiled.items():
+            print(f"profiling {model} M={m} {launch}", flush=True)
+            profiler.start()
+            jax.block_until_ready(fn(x, w))
+            profiler.stop()
+
+
+class _DriverProfiler:
+    """cuProfilerStart/Stop through the driver (always installed, unlike libcudart), on the
+    primary context of GPU 0, which is the one XLA runs in. No-ops with no CUDA driver (the
+    script then only checks that every launch compiles and runs, as CI does on the CPU)."""
+
+    def __init__(self):
+        try:
+            self.cuda = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            self.cuda = None
+            return
+        device, context = ctypes.c_int(), ctypes.c_void_p()
+        for call, *call_args in (("cuInit", 0), ("cuDeviceGet", ctypes.byref(device), 0),
+                                 ("cuDevicePrimaryCtxRetain", ctypes.byref(context), device),
+                                 ("cuCtxSetCurrent", context)):
+            status = getattr(self.cuda, call)(*call_args)
+            if status != 0:
+                raise RuntimeError(f"{call} failed with CUDA driver error {status}")
+
+    def start(self):
+        if self.cuda:
+            self.cuda.cuProfilerStart()
+
+    def stop(self):
+        if self.cuda:
+            self.cuda.cuProfilerStop()
+
+
+if __name__ == "__main__":
+    main()
