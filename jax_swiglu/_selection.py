@@ -63,6 +63,9 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #   2026-11-29-calibration-64-row-tiles.md  pingpong 64x128 tiles, M = 1, 8, 64, 128, 1024;
 #   2026-11-29-calibration-decode.md        the same at M = 16, 32;
 #   2026-11-29-calibration-stream-k.md      stream-K 128x128 tiles at M = 128;
+#   2026-11-29-calibration-large-m-small-k.md  configs 0 and 1 (after SiLU on MUFU in config
+#       1), 0.5B-3B at M = 4096 and 8192; -calibration-pingpong-192-rows.md the same two (and
+#       two 192-row configs, since dropped) on all 7 shapes at M = 512, 2048, 8192;
 #   2026-11-29-calibration-tile-order-rounds.md  swizzle 1/4/8 of config 0, 7B..72B, M = 8192,
 #       timed in interleaved rounds. (An earlier run, -calibration-tile-order.md, timed each
 #       launch in one block and had favoured swizzling by 5-7%: clock drift, not reuse.)
@@ -109,13 +112,18 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "M <= 2048, N <= 11008: pingpong 128x128 tiles, as above (M=1024: 1.5B 82.5 vs "
          "90.1 us for config 2, and config 0 measured 88.1 in another run; M=2048: 1.5B "
          "155.1 vs 158.0 us for config 0)", max_n=11008),
+    Rule(None, "interleaved", 1,
+         "M > 2048, N <= 6144 (0.5B; its K = 896 is 14 k-tiles a tile): pingpong 128x128 "
+         "tiles, as above; the cooperative config's epilogue, not hidden, weighs most at small K "
+         "(0.5B M=4096: 99.7 vs 107.4 us, M=8192: 197.5 vs 202.2 and 197.0 vs 199.4 us for "
+         "config 0; 1.5B and 3B: config 0 faster)", max_n=6144),
     Rule(None, "interleaved", 0,
          "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest of the cooperative "
          "configs at M >= 2048 and at N > 11008 from M = 1024 on; the pingpong 128x128 2x1 "
-         "config ties it at 0.5B M=8192 and trails by 4-33% elsewhere at M = 8192, 2-9% at "
-         "M = 2048 for N > 11008; M = 4096 not measured for it); tiles in swizzled groups of "
-         "4 or 8 measured no faster side by side (M=8192, 72B: 10.79 vs 11.04/11.13 ms, 32B: "
-         "6.01 vs 6.01/5.94 ms)"),
+         "config beats it at N <= 6144 (row above) and trails by 4-41% at M = 8192 on the other "
+         "shapes, 2-9% at M = 2048 for N > 11008, 3-5% at 1.5B/3B M = 4096); tiles in swizzled "
+         "groups of 4 or 8 measured no faster side by side (M=8192, 72B: 10.79 vs 11.04/11.13 "
+         "ms, 32B: 6.01 vs 6.01/5.94 ms)"),
 )
 
 
