@@ -260,7 +260,11 @@ def environment():
         smi = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,"
              "power.limit", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
-        env["nvidia_smi"] = smi.stdout.strip()
+        # One line per GPU: the first is the one the runs use (jax.devices()[0]); the count
+        # says whether the host had others, idle during a one-GPU run.
+        lines = smi.stdout.strip().splitlines()
+        env["nvidia_smi"] = lines[0] if lines else None
+        env["gpus_on_host"] = len(lines)
     except (OSError, subprocess.SubprocessError):
         env["nvidia_smi"] = None
     try:

@@ -103,7 +103,9 @@ def _command_line(env) -> str:
 
 
 def _gpu_line(env) -> str:
-    return (f"GPU: {env['device']} ({env.get('nvidia_smi')}); jax {env['jax']}, "
+    host = (f", one of {env['gpus_on_host']} GPUs on the host (the others idle)"
+            if env.get("gpus_on_host", 1) > 1 else "")
+    return (f"GPU: {env['device']} ({env.get('nvidia_smi')}{host}); jax {env['jax']}, "
             f"jaxlib {env['jaxlib']}; {env['date']}")
 
 
