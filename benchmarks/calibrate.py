@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -33,6 +34,18 @@ import jax_swiglu  # noqa: E402
 from jax_swiglu import QWEN25_MLPS, _selection  # noqa: E402
 
 
+@contextlib.contextmanager
+def forced(kernel, launch):
+    """JAX_SWIGLU_KERNEL/JAX_SWIGLU_CONFIG set to one launch (e.g. "interleaved", "0,swizzle=4")
+    while the body compiles: they are read at lowering."""
+    os.environ[_selection.ENV_VAR] = kernel
+    os.environ[_selection.CONFIG_ENV_VAR] = launch
+    try:
+        yield
+    finally:
+        del os.environ[_selection.ENV_VAR], os.environ[_selection.CONFIG_ENV_VAR]
+
+
 def _compiled(variant, xs, ws):
     # Compiled now, while the forcing variables are set (they are read at lowering).
     return jax.jit(lambda xs, ws: [variant(x, w) for x, w in zip(xs, ws)]).lower(xs, ws).compile()
@@ -44,12 +57,8 @@ def calibrate(model, m, iterations, key, launches, rounds=bench_swiglu.ROUNDS):
     xs, ws = [s[0] for s in sets], [s[1] for s in sets]
     fns = {"xla": _compiled(bench_swiglu.xla_separate, xs, ws)}
     for kernel, launch in launches:
-        os.environ[_selection.ENV_VAR] = kernel
-        os.environ[_selection.CONFIG_ENV_VAR] = launch
-        try:
+        with forced(kernel, launch):
             fns[f"{kernel}:{launch}"] = _compiled(bench_swiglu.fused("auto"), xs, ws)
-        finally:
-            del os.environ[_selection.ENV_VAR], os.environ[_selection.CONFIG_ENV_VAR]
     gpu_ms, _ = bench_swiglu.measure_side_by_side(fns, (xs, ws), iterations, rounds, wall=False)
     return {"model": model, "m": m, "k": k, "n": n,
             "gpu_us": {name: t * 1e3 / len(xs) for name, t in gpu_ms.items()}}

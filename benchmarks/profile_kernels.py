@@ -1,14 +1,15 @@
 """Run the bare GEMM (the benchmark's baseline (c)) and fused launches once each, for Nsight
 Compute to profile side by side: why does a fused kernel trail cuBLAS on a shape?
 
-    ncu --target-processes all -o prof python benchmarks/profile_kernels.py \
-        --rows qwen2.5-0.5b:8192 qwen2.5-7b:128 --launches auto interleaved:1
+    ncu --profile-from-start off --clock-control none -o prof \
+        python benchmarks/profile_kernels.py --rows qwen2.5-0.5b:8192 qwen2.5-7b:128 \
+        --launches gemm auto interleaved:1
 
 Each (model, M) row builds one input set (the benchmark's random data, weights in HBM: ncu
 flushes the caches before each kernel replay by default), compiles every variant first,
 then calls each once more between cudaProfilerStart/Stop, so `ncu --profile-from-start off`
 sees exactly one call per variant. A launch is "gemm", "auto", or KERNEL:LAUNCH as in
-JAX_SWIGLU_CONFIG (forced the way calibrate.py forces it). scripts/gpu_check.sh (NCU=1) runs
+calibrate.py. scripts/gpu_check.sh (NCU=1) runs
 it under ncu and writes the report's details page as text.
 """
 
@@ -23,28 +24,18 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_swiglu  # noqa: E402  (same folder)
+import calibrate  # noqa: E402
 
-from jax_swiglu import QWEN25_MLPS, _selection  # noqa: E402
-
-
-def _variant(launch):
-    if launch == "gemm":
-        return bench_swiglu.gemm_only, {}
-    if launch == "auto":
-        return bench_swiglu.fused("auto"), {}
-    kernel, config = launch.split(":", 1)
-    return bench_swiglu.fused("auto"), {_selection.ENV_VAR: kernel,
-                                        _selection.CONFIG_ENV_VAR: config}
+from jax_swiglu import QWEN25_MLPS  # noqa: E402
 
 
 def _compiled(launch, x, w):
-    fn, env = _variant(launch)
-    os.environ.update(env)  # read at lowering, so only while compiling
-    try:
+    """One launch compiled: "gemm", "auto", or KERNEL:LAUNCH forced as calibrate.py forces it."""
+    if launch in ("gemm", "auto"):
+        fn = bench_swiglu.gemm_only if launch == "gemm" else bench_swiglu.fused("auto")
         return jax.jit(fn).lower(x, w).compile()
-    finally:
-        for name in env:
-            del os.environ[name]
+    with calibrate.forced(*launch.split(":", 1)):
+        return jax.jit(bench_swiglu.fused("auto")).lower(x, w).compile()
 
 
 def main(argv=None):

@@ -158,9 +158,10 @@ if [ "${NCU:-0}" = 1 ]; then
   echo "== ncu: ${NCU_ARGS:-}" | tee -a "$SUMMARY"
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
   rm -f "$OUT/ncu.ncu-rep"
-  # shellcheck disable=SC2086
   # No preallocated pool: ncu saves and restores the memory a kernel can reach between passes.
-  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${NCU_TIMEOUT:-300}" "$NCU_BIN" --profile-from-start off --clock-control none \
+  # shellcheck disable=SC2086
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${NCU_TIMEOUT:-300}" "$NCU_BIN" \
+      --profile-from-start off --clock-control none \
       --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
       -o "$OUT/ncu" "$PY" benchmarks/profile_kernels.py ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1
