@@ -12,6 +12,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include <string>
+#include <type_traits>
 
 #include "kernels/interleaved_kernel.cuh"  // KernelScheduleFor, LaunchGemm
 
@@ -28,28 +29,80 @@ struct EpilogueScheduleFor<jax_swiglu::Schedule::Pingpong> {
   using type = cutlass::epilogue::TmaWarpSpecialized;
 };
 
-// The plain GEMM with the tiles of interleaved config `ConfigId`.
+// Candidate tiles no fused kernel has yet, timed as plain GEMMs only: do they beat our
+// kernels' mainloops, and come nearer cuBLAS, on the rows where target 2 misses? Ids from
+// 100 on (PLAIN_IDS of run.sh). Two families:
+//  - "packed-N" tiles whose packed width is no multiple of 2 x kGateUpBlock (160, 192):
+//    a fused kernel would need a finer gate/up interleave;
+//  - "transposed" tiles (transposed = true): the GEMM computes D^T[2N, M] = W^T X^T, weights
+//    on the wgmma M side (MN-major A) and tokens on the N side (K-major B), the orientation
+//    cuBLAS picks for these shapes (Nsight Compute, 2026-11-29-ncu-fused-vs-cublas.md). Here
+//    tile_m counts packed weight columns and tile_n tokens; D is written [M, 2N] row-major
+//    all the same (column-major D^T). With 64-column gate/up blocks, a 128-row weight tile
+//    puts gate and up in the two m64 atoms of one warpgroup, so a fused epilogue would find
+//    each pair in one thread with the present layout, for any token width.
+struct ProbeConfig {
+  jax_swiglu::KernelConfig tiles;
+  bool transposed;
+};
+#define GEMM_PROBE_CANDIDATE(id, transposed, schedule, tm, tn, tk, cm, cn)                   \
+  ProbeConfig{{id, jax_swiglu::Schedule::schedule, tm, tn, tk, cm, cn,                      \
+               jax_swiglu::TileScheduler::Persistent},                                      \
+              transposed},
+inline constexpr ProbeConfig kCandidates[] = {
+    GEMM_PROBE_CANDIDATE(100, false, Pingpong, 128, 192, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(101, false, Pingpong, 128, 160, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(102, false, Cooperative, 256, 192, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(103, true, Pingpong, 128, 160, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(104, true, Pingpong, 128, 160, 64, 1, 2)
+    GEMM_PROBE_CANDIDATE(105, true, Cooperative, 256, 128, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(106, true, Cooperative, 256, 160, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(107, true, Pingpong, 128, 192, 64, 1, 1)
+};
+#undef GEMM_PROBE_CANDIDATE
+inline constexpr int kFirstCandidateId = 100;
+
+// The tiles of probe id `Id`: an interleaved config of ffi/kernel_configs.h, or a candidate.
+template <int Id>
+constexpr ProbeConfig ProbeConfigFor() {
+  if constexpr (Id >= kFirstCandidateId) {
+    static_assert(Id - kFirstCandidateId < int(sizeof(kCandidates) / sizeof(ProbeConfig)),
+                  "no such candidate");
+    return kCandidates[Id - kFirstCandidateId];
+  } else {
+    return ProbeConfig{jax_swiglu::kInterleavedConfigs[Id], false};
+  }
+}
+
+// The plain GEMM with the tiles of probe id `ConfigId`.
 template <int ConfigId>
 struct PlainGemm {
-  static constexpr jax_swiglu::KernelConfig kConfig = jax_swiglu::kInterleavedConfigs[ConfigId];
+  static constexpr ProbeConfig kProbe = ProbeConfigFor<ConfigId>();
+  static constexpr jax_swiglu::KernelConfig kConfig = kProbe.tiles;
   using Element = cutlass::bfloat16_t;
   using TileShape = cute::Shape<cute::Int<kConfig.tile_m>, cute::Int<kConfig.tile_n>,
                                 cute::Int<kConfig.tile_k>>;
   using ClusterShape =
       cute::Shape<cute::Int<kConfig.cluster_m>, cute::Int<kConfig.cluster_n>, cute::_1>;
   static constexpr int kAlignment = 8;
+  // Normal: A = x [M, K] K-major, B = W [K, 2N] N-major, D [M, 2N] row-major.
+  // Transposed: A = W^T [2N, K] M-major, B = x^T (tokens x K, K-major), D^T column-major.
+  using LayoutA = std::conditional_t<kProbe.transposed, cutlass::layout::ColumnMajor,
+                                     cutlass::layout::RowMajor>;
+  using LayoutB = LayoutA;
+  using LayoutD = LayoutA;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      void, cutlass::layout::RowMajor, kAlignment,  // no source tensor
-      Element, cutlass::layout::RowMajor, kAlignment,
+      void, LayoutD, kAlignment,  // no source tensor
+      Element, LayoutD, kAlignment,
       typename EpilogueScheduleFor<kConfig.schedule>::type>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      Element, cutlass::layout::RowMajor, kAlignment,
-      Element, cutlass::layout::RowMajor, kAlignment,
+      Element, LayoutA, kAlignment,
+      Element, LayoutB, kAlignment,
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
@@ -70,14 +123,33 @@ std::string LaunchPlain(const jax_swiglu::SwigluProblem& p, const jax_swiglu::De
   const int m = static_cast<int>(p.m), n2 = static_cast<int>(2 * p.n_packed),
             k = static_cast<int>(p.k);
   // CuTe's (rows, contraction, batch) order: A is (M, K, L), B is (N, K, L), D is (M, N, L).
-  typename Kernel::StrideA stride_a = cute::make_stride(int64_t(k), cute::_1{}, int64_t(0));
-  typename Kernel::StrideB stride_b = cute::make_stride(cute::_1{}, int64_t(n2), int64_t(0));
-  typename Kernel::StrideD stride_d = cute::make_stride(int64_t(n2), cute::_1{}, int64_t(0));
+  // Normal: rows are tokens; transposed: rows are packed weight columns, columns tokens.
+  // Either way x, W and D are the same row-major buffers; only the strides swap.
+  const auto x_strides = cute::make_stride(int64_t(k), cute::_1{}, int64_t(0));   // (token, k)
+  const auto w_strides = cute::make_stride(cute::_1{}, int64_t(n2), int64_t(0));  // (col, k)
+  typename Kernel::StrideA stride_a;
+  typename Kernel::StrideB stride_b;
+  typename Kernel::StrideD stride_d;
+  int rows, columns;
+  if constexpr (G::kProbe.transposed) {
+    stride_a = w_strides;
+    stride_b = x_strides;
+    stride_d = cute::make_stride(cute::_1{}, int64_t(n2), int64_t(0));  // D^T: (col, token)
+    rows = n2;
+    columns = m;
+  } else {
+    stride_a = x_strides;
+    stride_b = w_strides;
+    stride_d = cute::make_stride(int64_t(n2), cute::_1{}, int64_t(0));
+    rows = m;
+    columns = n2;
+  }
+  const void* a = G::kProbe.transposed ? p.packed : p.x;
+  const void* b = G::kProbe.transposed ? p.x : p.packed;
   typename Kernel::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
-      {m, n2, k, 1},
-      {static_cast<Element const*>(p.x), stride_a, static_cast<Element const*>(p.packed),
-       stride_b},
+      {rows, columns, k, 1},
+      {static_cast<Element const*>(a), stride_a, static_cast<Element const*>(b), stride_b},
       {{}, nullptr, stride_d, static_cast<Element*>(p.out), stride_d},
       cutlass::KernelHardwareInfo{facts.device, facts.sm_count},
       {}};
