@@ -22,10 +22,12 @@
   X(2, Cooperative, 128, 256, 64, 1, 1, Persistent)    \
   X(3, Cooperative, 128, 128, 64, 1, 1, Persistent)    \
   X(4, Pingpong, 64, 128, 64, 1, 1, Persistent)        \
-  X(5, Cooperative, 128, 128, 64, 1, 1, StreamK)
+  X(5, Cooperative, 128, 128, 64, 1, 1, StreamK)      \
+  X(6, Pingpong, 128, 192, 64, 2, 1, Persistent)       \
+  X(7, Cooperative, 256, 192, 64, 2, 1, Persistent)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 6
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 8
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the
@@ -39,9 +41,10 @@
 namespace jax_swiglu {
 
 // Gate/up block width of the packed weight layout: packed column block 2b holds gate
-// columns [64b, 64b + 64) and block 2b + 1 the up columns of the same range. See
+// columns [32b, 32b + 32) and block 2b + 1 the up columns of the same range, so a tile's
+// packed width may be any multiple of 64 (192: configs 6 and 7). See
 // jax_swiglu/_layout.py, which owns the layout; the kernels only read it.
-inline constexpr int kGateUpBlock = 64;
+inline constexpr int kGateUpBlock = 32;
 
 enum class Schedule { Cooperative, Pingpong };
 enum class TileScheduler { Persistent, StreamK };

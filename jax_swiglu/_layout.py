@@ -1,29 +1,33 @@
 """The packed gate/up weight layout: the one place that defines it.
 
 Both kernels read one packed matrix ``[K, 2 * N_pad]`` built from ``W_gate`` and
-``W_up`` (each ``[K, N]``) by a *block interleave* of width ``GATE_UP_BLOCK = 64``::
+``W_up`` (each ``[K, N]``) by a *block interleave* of width ``GATE_UP_BLOCK = 32``::
 
-    packed[:, 128*b      : 128*b + 64]  = W_gate[:, 64*b : 64*b + 64]
-    packed[:, 128*b + 64 : 128*b + 128] = W_up  [:, 64*b : 64*b + 64]
+    packed[:, 64*b      : 64*b + 32] = W_gate[:, 32*b : 32*b + 32]
+    packed[:, 64*b + 32 : 64*b + 64] = W_up  [:, 32*b : 32*b + 32]
 
-``N`` is zero-padded up to a multiple of 64 (``N_pad``); the padded columns produce
+``N`` is zero-padded up to a multiple of 32 (``N_pad``); the padded columns produce
 ``SiLU(0) * 0 = 0`` and are never stored.
 
 Why this layout, and not the even/odd column interleave:
 
 * Interleaved kernel (one GEMM over ``[M, 2N, K]``): a wgmma accumulator fragment keeps
-  each 8-column block of a row in one thread. Since 64 is a multiple of 8, gate column
-  ``n`` and up column ``n`` (64 packed columns apart, inside one 128-column tile pair)
-  land in the same thread's registers, so the epilogue pairs them with no data movement,
-  exactly as with even/odd interleave.
+  each 8-column block of a row in one thread. Since 32 is a multiple of 8, gate column
+  ``n`` and up column ``n`` (32 packed columns apart, inside one 64-column pair) land in
+  the same thread's registers, so the epilogue pairs them with no data movement, exactly
+  as with even/odd interleave.
 * Pingpong kernel (gate then up over an ``[M, N]`` grid): the gate (or up) columns of an
-  output tile are whole 64-column runs, i.e. contiguous 128-byte rows, which is precisely
-  one TMA box with the 128-byte swizzle. Under even/odd interleave they would be strided
-  2-byte columns that no TMA box can fetch.
-* Sharding: a contiguous run of whole gate/up pairs (128 packed columns each) is itself a
-  packed matrix, for its 64-column run of N. So the packed matrix shards along its last
+  output tile are whole 32-column runs, 64-byte rows every other run, which one TMA box
+  with two outer modes fetches (two runs make one 128-byte swizzled row in shared memory).
+  Under even/odd interleave they would be strided 2-byte columns that no TMA box can fetch.
+* Tile widths: a tile of the interleaved kernel must hold whole pairs, so its packed
+  width is a multiple of 64: 128, 192 and 256 all are. (Blocks of 64 allowed only
+  multiples of 128, and 192-wide tiles measured up to 8% faster as plain GEMMs:
+  benchmarks/results/NVIDIA_H200/2026-11-29-gemm-probe-candidate-tiles.md.)
+* Sharding: a contiguous run of whole gate/up pairs (64 packed columns each) is itself a
+  packed matrix, for its 32-column run of N. So the packed matrix shards along its last
   axis (column / tensor parallel) as long as every shard holds whole pairs and there is
-  no padding: N a multiple of ``64 * shards`` (``shard_n``). Padding exists only at the
+  no padding: N a multiple of ``32 * shards`` (``shard_n``). Padding exists only at the
   global end of N, so a padded N cannot be sharded.
 
 So one packed array serves any M at run time, whichever kernel the lowering picks.
@@ -36,7 +40,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-GATE_UP_BLOCK = 64
+GATE_UP_BLOCK = 32
 LAYOUT = f"gate_up_block{GATE_UP_BLOCK}"
 
 # Dtypes the kernels are built for. K and N must keep 16-byte aligned rows for TMA.
@@ -58,7 +62,7 @@ class PackedWeights:
     through ``jax.jit``, ``vmap``, ``shard_map`` and checkpointing like an array.
 
     ``n`` is stored only when ``data`` cannot tell it: when N was padded (N not a multiple
-    of 64). Otherwise ``n`` is read off the data (``N = data.shape[-1] // 2``), so the same
+    of 32). Otherwise ``n`` is read off the data (``N = data.shape[-1] // 2``), so the same
     object describes the whole matrix and any shard of it along N, such as the one
     ``jax.shard_map`` hands to its body.
     """
@@ -134,8 +138,8 @@ def shard_n(n: int, shards: int) -> int:
     """N of each of ``shards`` equal shards of a packed matrix split along its last axis.
 
     A contiguous run of packed columns is a packed matrix of its own only if it holds
-    whole gate/up pairs (64 columns of N, 128 packed columns) and no padding, so N must
-    be a multiple of ``64 * shards``. Raises ValueError otherwise.
+    whole gate/up pairs (32 columns of N, 64 packed columns) and no padding, so N must
+    be a multiple of ``32 * shards``. Raises ValueError otherwise.
     """
     if shards == 1:
         return n
@@ -180,11 +184,11 @@ def pack_weights(w_gate, w_up=None, *, dtype=None) -> PackedWeights:
 
     Returns:
       A :class:`PackedWeights` holding ``[K, 2 * N_pad]`` with ``N_pad`` = N rounded up to
-      64. Do this once when the weights are loaded, not per call.
+      32. Do this once when the weights are loaded, not per call.
 
     Weights sharded along N (column parallel) give packed data sharded the same way along
     its last axis, with no communication: each shard packs its own columns. That needs N to
-    be a multiple of ``64 * shards`` (whole gate/up pairs on every shard); anything else is
+    be a multiple of ``32 * shards`` (whole gate/up pairs on every shard); anything else is
     a ValueError, as a packing that split pairs across shards would be useless. (Inside
     ``jax.jit`` with automatic mesh axes the sharding is not known yet and this check
     cannot run: pack concrete arrays, at load time, or use explicit mesh axes.)

@@ -170,7 +170,7 @@ def _infer_sharding(n, kernel, mesh, arg_shapes, result_shape):
 
 def _sharding_rule(n, kernel, mesh, operand_types, result_types):
     """The Shardy rule: M passes through; K must be replicated; N is a run of whole
-    gate/up pairs (``pairs``), 128 packed columns each in the weights and 64 in the
+    gate/up pairs (``pairs``), 64 packed columns each in the weights and 32 in the
     result, so a sharding of the weights along N carries over to the result and back.
 
     x's K and the weights' K are separate factors so that a K sharding of one is not

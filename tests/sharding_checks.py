@@ -35,12 +35,12 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_swiglu
-from jax_swiglu import _selection, fused_mlp, pack_weights, swiglu
+from jax_swiglu import GATE_UP_BLOCK, _selection, fused_mlp, pack_weights, swiglu
 
 DEVICES = 8
 MESH_SHAPES = ((1, 8), (2, 4), (8, 1))  # (data, model)
 AXIS_TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
-K, N, M = 128, 1024, 128  # N = 16 gate/up pairs: whole pairs on up to 16 shards
+K, N, M = 128, 1024, 128  # N = 32 gate/up pairs: whole pairs on up to 32 shards
 
 
 class Skip(Exception):
@@ -311,7 +311,7 @@ def check_pack_sharded_weights(mesh):
 def check_pack_refuses_split_pairs(mesh):
     """Weights whose N shards are not whole gate/up pairs cannot be packed."""
     axis = shard_axis_for_n(mesh)
-    n = 32 * mesh.shape[axis]  # half a pair per shard
+    n = GATE_UP_BLOCK // 2 * mesh.shape[axis]  # half a pair per shard
     w = put(mesh, jnp.ones((K, n), jnp.bfloat16), None, axis)
     expect_error(lambda: pack_weights(w, w), "whole gate/up pairs")
 
@@ -320,7 +320,7 @@ def check_bad_n_split_is_a_clear_error(mesh):
     """Packed weights sharded so that pairs would be split, or a padded N sharded at all:
     an error that says so, not a silent gather."""
     axis = shard_axis_for_n(mesh)
-    for n in (64 * 17, 200):  # 17 pairs on 8 (or 4) shards; a padded N
+    for n in (GATE_UP_BLOCK * 17, 200):  # 17 pairs on 8 (or 4) shards; a padded N
         data = inputs(n=n)
         packed = put_packed(mesh, data["packed"], None, axis)
         expect_error(lambda: jax.jit(swiglu)(data["x"], packed), "whole gate/up pairs")

@@ -24,17 +24,20 @@ def test_round_trip(key, n, dtype):
 
 
 def test_column_mapping(key):
-    """packed[:, 128b + j] is gate column 64b + j; packed[:, 128b + 64 + j] is up's."""
-    n = 200
+    """packed[:, 2Bb + j] is gate column Bb + j; packed[:, 2Bb + B + j] is up's (B = 32)."""
+    assert GATE_UP_BLOCK == 32  # tile widths 128, 192, 256 hold whole pairs (ffi/kernel_configs.h)
+    n, block = 200, GATE_UP_BLOCK
     w_gate, w_up = random_weights(key, 16, n)
     data = np.asarray(pack_weights(w_gate, w_up).data)
+    assert data.shape == (16, 2 * 224)
     for col in range(n):
-        b, j = divmod(col, GATE_UP_BLOCK)
-        np.testing.assert_array_equal(data[:, 128 * b + j], np.asarray(w_gate)[:, col])
-        np.testing.assert_array_equal(data[:, 128 * b + 64 + j], np.asarray(w_up)[:, col])
-    # Padding columns (n..255 of each half) are zero.
-    pairs = data.reshape(16, -1, 2, GATE_UP_BLOCK)
-    assert not pairs[:, -1, :, n % GATE_UP_BLOCK:].any()
+        b, j = divmod(col, block)
+        np.testing.assert_array_equal(data[:, 2 * block * b + j], np.asarray(w_gate)[:, col])
+        np.testing.assert_array_equal(data[:, 2 * block * b + block + j],
+                                      np.asarray(w_up)[:, col])
+    # Padding columns (n..223 of each half) are zero.
+    pairs = data.reshape(16, -1, 2, block)
+    assert not pairs[:, -1, :, n % block:].any()
 
 
 def test_stacked_form_equals_separate(key):

@@ -73,9 +73,9 @@ def test_split(x_spec, packed_spec, expected):
     assert x_out[1] is None and packed_out[0] is None  # K is replicated
 
 
-@pytest.mark.parametrize("n, shards", [(64 * 9, 8), (200, 2), (64, 2), (1024 + 8, 4)])
+@pytest.mark.parametrize("n, shards", [(32 * 9, 8), (200, 2), (32, 2), (1024 + 8, 4)])
 def test_shard_n_refuses_pairs_across_shards(n, shards):
-    with pytest.raises(ValueError, match=f"multiple of 64 \\* {shards}"):
+    with pytest.raises(ValueError, match=f"multiple of 32 \\* {shards}"):
         _layout.shard_n(n, shards)
 
 
@@ -103,8 +103,8 @@ def test_n_is_read_off_the_data_unless_padded(key):
 
 def test_padded_n_is_kept_and_cannot_be_split(key):
     packed = pack_weights(*random_weights(key, 32, 200))
-    assert packed.n == 200 and packed.n_padded == 256
-    half = jax.tree.map(lambda data: data[:, :256], packed)
+    assert packed.n == 200 and packed.n_padded == 224
+    half = jax.tree.map(lambda data: data[:, :224], packed)
     with pytest.raises(ValueError, match="cannot be split along N"):
         half.validate()
 
@@ -112,7 +112,7 @@ def test_padded_n_is_kept_and_cannot_be_split(key):
 def test_half_a_pair_is_refused(key):
     packed = pack_weights(*random_weights(key, 32, 256))
     with pytest.raises(ValueError, match="whole gate/up pairs"):
-        jax.tree.map(lambda data: data[:, :64], packed).validate()
+        jax.tree.map(lambda data: data[:, :32], packed).validate()
 
 
 def test_explicit_n_that_contradicts_the_data_is_refused(key):

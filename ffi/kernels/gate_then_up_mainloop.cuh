@@ -9,8 +9,9 @@
 //
 // One k-tile sequence per output tile runs both passes: k-tiles 0 .. K/tile_k - 1 load
 // x and gate columns, the next K/tile_k load x again and up columns. Gate and up columns
-// of an output tile are whole 64-column runs of the packed matrix (jax_swiglu/_layout.py),
-// so each pass tile is one plain 128-byte-swizzled TMA box.
+// of an output tile are whole kGateUpBlock-column runs of the packed matrix, every other
+// run (jax_swiglu/_layout.py): one TMA box whose two outer modes step over the runs, so a
+// pass tile of 64 columns lands in shared memory as one 128-byte-swizzled row of 2 runs.
 //
 // Registers, the design constraint: a consumer warpgroup holds two fp32 accumulators,
 // gate and up, tile_m x tile_n / 2 each (64 + 64 per thread for 128 x 128). When the gate
@@ -101,7 +102,8 @@ struct GateThenUpMainloop {
   };
 
   // The gate (or up) columns of the packed matrix as an (N, K, L) tensor with a two-level
-  // N mode: 64 contiguous columns, then the next run of the same kind 128 columns on.
+  // N mode: kGateUpBlock contiguous columns, then the next run of the same kind
+  // 2 * kGateUpBlock columns on.
   static auto PassView(InternalElement const* first_column, int blocks, int k,
                        int64_t packed_cols) {
     using namespace cute;

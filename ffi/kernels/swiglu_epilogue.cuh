@@ -74,8 +74,9 @@ CUTLASS_DEVICE float Silu(float gate) {
 // partners are, which output column a gate's tile-local packed column is, and how the
 // pair combines.
 
-// Interleaved kernel: one atom spans [gate block | up block | ...] of 64 columns each, so
-// the up partner of gate block b is block b + 8 of the same atom, and SiLU is still due.
+// Interleaved kernel: one atom spans [gate block | up block | ...] of kGateUpBlock columns
+// each, so the up partner of 8-column block b of a gate block is block b + kGateUpBlock / 8
+// of the same atom, and SiLU is still due.
 // kAlternateReciprocal: SiLU's reciprocal alternates Newton (even columns) and MUFU.RCP
 // (odd), for the cooperative schedule, or is MUFU.RCP on both, for pingpong (see Silu).
 template <bool kAlternateReciprocal>
@@ -128,46 +129,61 @@ class SwiGluEpilogue {
   static_assert(kTilePacked % (2 * kGateUpBlock) == 0,
                 "a tile must hold whole gate/up block pairs");
 
-  // Output tile in shared memory, N-contiguous with the 128-byte swizzle, so the 4-byte
-  // stores of a warp (8 rows x 16 bytes) hit 32 distinct banks and TMA reads it directly.
+  // Output tile in shared memory, N-contiguous and swizzled, so the 4-byte stores of a warp
+  // (8 rows x 16 bytes) hit 32 distinct banks and TMA reads it directly. The swizzle atom is
+  // 8 rows x kAtomN columns: the 128-byte swizzle (64 columns) where the tile width allows,
+  // else the 64-byte one (32 columns: a 96-column tile from 192 packed columns).
+  static constexpr int kAtomN = kTileN % 64 == 0 ? 64 : 32;
+  static_assert(kTileN % kAtomN == 0, "the output tile must be whole 32-column swizzle atoms");
+  using SmemLayoutAtomD =
+      cute::conditional_t<kAtomN == 64, cute::GMMA::Layout_K_SW128_Atom<ElementD>,
+                          cute::GMMA::Layout_K_SW64_Atom<ElementD>>;
   using SmemLayoutD = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<ElementD>{},
-      cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>>{}));
+      SmemLayoutAtomD{}, cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>>{}));
 
   // SmemLayoutD by hand, for the stores: (m, n)'s element offset before the swizzle, in
-  // 8-row x 64-column atoms placed M first. The swizzle (on byte addresses, from a
-  // 1024-byte aligned tile) XORs the offset's bits 3-5 (the 16-byte chunk) with bits 6-8
-  // (m % 8): Swizzled below.
+  // 8-row x kAtomN-column atoms placed M first. The swizzle (on byte addresses, from a
+  // 1024-byte aligned tile) XORs the 16-byte chunk of a row (offset bits 3 on) with the
+  // bits of the 128-byte line index (offset bits 6 on), 3 bits of each for the 128-byte
+  // swizzle and 2 for the 64-byte one: Swizzled below.
+  static constexpr int kSwizzleBits = kAtomN == 64 ? 3 : 2;
   CUTLASS_HOST_DEVICE static constexpr int LinearOffset(int m, int n) {
-    return (m / 8) * 512 + (n / 64) * 64 * kTileM + (m % 8) * 64 + n % 64;
+    return (m / 8) * 8 * kAtomN + (n / kAtomN) * kAtomN * kTileM + (m % 8) * kAtomN + n % kAtomN;
   }
-  static constexpr int Swizzled(int offset) { return offset ^ (((offset >> 6) & 7) << 3); }
+  static constexpr int Swizzled(int offset) {
+    return offset ^ (((offset >> 6) & ((1 << kSwizzleBits) - 1)) << 3);
+  }
   static_assert(sizeof(ElementD) == 2 &&
                     cute::is_same_v<cute::remove_cvref_t<decltype(SmemLayoutD{}.layout_a())>,
-                                    cute::Swizzle<3, 4, 3>> &&
+                                    cute::Swizzle<kSwizzleBits, 4, 3>> &&
                     cute::is_same_v<cute::remove_cvref_t<decltype(SmemLayoutD{}.offset())>,
                                     cute::smem_ptr_flag_bits<16>>,
-                "LinearOffset assumes the 128-byte swizzle on byte addresses of 16-bit elements");
+                "LinearOffset assumes a 128- or 64-byte swizzle on byte addresses of 16-bit "
+                "elements");
   static_assert(SmemLayoutD{}.layout_b()(1, 0) == LinearOffset(1, 0) &&
                     SmemLayoutD{}.layout_b()(0, 9) == LinearOffset(0, 9) &&
                     SmemLayoutD{}.layout_b()(8, 0) == LinearOffset(8, 0) &&  // atoms M first
                     SmemLayoutD{}.layout_b()(9, 5) == LinearOffset(9, 5) &&
                     SmemLayoutD{}.layout_b()(kTileM - 1, kTileN - 1) ==
                         LinearOffset(kTileM - 1, kTileN - 1) &&
-                    (kTileN <= 64 || SmemLayoutD{}.layout_b()(3, 64) == LinearOffset(3, 64)),
+                    (kTileN <= kAtomN ||
+                     SmemLayoutD{}.layout_b()(3, kAtomN) == LinearOffset(3, kAtomN)),
                 "LinearOffset must match SmemLayoutD");
 
   // The stores' address split (store()): for a thread's first accumulator at (m0, p0),
   // p0 < 8 and even, and offsets dm, dn that are multiples of 8, the swizzled offset of
-  // (m0 + dm, p0 + dn) is a per-thread base plus one XOR with a per-thread constant. m0
-  // over two atoms covers every m0 % 8 and the carry into m0 / 8.
+  // (m0 + dm, p0 + dn) is a per-thread base plus one XOR with a per-thread constant,
+  // SwizzleXor(m0). m0 over two atoms covers every m0 % 8 and the carry into m0 / 8.
+  CUTLASS_HOST_DEVICE static constexpr int SwizzleXor(int m0) {
+    return (((m0 % 8) * kAtomN >> 6) & ((1 << kSwizzleBits) - 1)) << 3;
+  }
   static constexpr bool AddressSplitHolds() {
     for (int m0 = 0; m0 < 16; ++m0)
       for (int p0 = 0; p0 < 8; p0 += 2)
         for (int dm = 0; m0 + dm < kTileM; dm += 8)
           for (int dn = 0; dn < kTileN; dn += 8)
             if (Swizzled(LinearOffset(m0 + dm, p0 + dn)) !=
-                LinearOffset(m0, p0) + (LinearOffset(dm, dn) ^ ((m0 % 8) * 8)))
+                LinearOffset(m0, p0) + (LinearOffset(dm, dn) ^ SwizzleXor(m0)))
               return false;
     return true;
   }
@@ -322,11 +338,11 @@ class SwiGluEpilogue {
     // instructions per 4-byte store (the epilogue is issue-bound: the tensor cores wait).
     // A thread's accumulators sit at (m0 + dm, p0 + dn) from its first one, dm and dn
     // compile-time multiples of 8 and p0 < 8. So LinearOffset splits into a per-thread
-    // base and a compile-time part, and the swizzle, which XORs bits 3-5 (the 8-column
-    // chunk) with m % 8 = m0 % 8, is one XOR with a per-thread constant.
+    // base and a compile-time part, and the swizzle, which XORs the 8-column chunk with
+    // bits of m % 8 = m0 % 8, is one XOR with a per-thread constant.
     const int m0 = get<0>(tAcc_coord(0));
     const int p0 = get<1>(tAcc_coord(0));
-    const int swizzle_xor = (m0 % 8) * 8;
+    const int swizzle_xor = SwizzleXor(m0);
     const uint32_t thread_base = cute::cast_smem_ptr_to_uint(shared_tensors.smem_d.begin()) +
                                  sizeof(ElementD) * LinearOffset(m0, p0);
 

@@ -8,7 +8,7 @@ and linen's ``variables["params"]`` give them; K = hidden size, N = intermediate
     fused    {"gate_up_proj": {"kernel": [K, 2*N_pad]},               (packed, see _layout)
               "down_proj": {"kernel": [N, K]}}                 2*K*N_pad + N*K parameters
 
-``N_pad`` is N rounded up to 64; the pad columns are zeros. Kernels are [in, out], as in
+``N_pad`` is N rounded up to 32; the pad columns are zeros. Kernels are [in, out], as in
 ``nnx.Linear`` and ``linen.Dense``; Hugging Face checkpoints store [out, in].
 """
 

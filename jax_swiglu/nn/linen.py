@@ -74,8 +74,8 @@ class FusedSwiGLUMLP(nn.Module):
     """Drop-in for :class:`SwiGLUMLP` through :func:`jax_swiglu.fused_mlp`.
 
     ``init`` packs gate and up once; ``apply`` uses the packed weights as stored. Params,
-    2*K*N_pad + N*K in all (N_pad = N rounded up to 64): ``gate_up_proj.kernel``
-    [K, 2*N_pad] ``('embed', 'mlp')`` (gate/up interleaved in 64-column blocks) and
+    2*K*N_pad + N*K in all (N_pad = N rounded up to 32): ``gate_up_proj.kernel``
+    [K, 2*N_pad] ``('embed', 'mlp')`` (gate/up interleaved in 32-column blocks) and
     ``down_proj.kernel`` [N, K] ``('mlp', 'embed')``. Use :func:`jax_swiglu.nn.fuse_params`
     to turn :class:`SwiGLUMLP` params (or a checkpoint's) into these.
 

@@ -119,11 +119,11 @@ class FusedSwiGLUMLP(nnx.Module):
     construction or conversion, never per call. On an SM90 GPU the gated part runs as one
     fused kernel, elsewhere as the XLA reference; the down projection is an XLA dot.
 
-    Params, 2*K*N_pad + N*K in all (N_pad = N rounded up to 64; 3*K*N when N is a multiple
-    of 64, as for every Qwen2.5 size), with logical axis names:
+    Params, 2*K*N_pad + N*K in all (N_pad = N rounded up to 32; 3*K*N when N is a multiple
+    of 32, as for every Qwen2.5 size), with logical axis names:
 
     * ``gate_up_proj.kernel`` [K, 2*N_pad], ``('embed', 'mlp')``: gate and up interleaved in
-      64-column blocks, so a shard of the ``mlp`` axis in multiples of 128 columns keeps
+      32-column blocks, so a shard of the ``mlp`` axis in multiples of 64 columns keeps
       each gate column beside its up column.
     * ``down_proj.kernel``    [N, K], ``('mlp', 'embed')``.
 
