@@ -17,8 +17,8 @@ Why this layout, and not the even/odd column interleave:
   the same thread's registers, so the epilogue pairs them with no data movement, exactly
   as with even/odd interleave.
 * Pingpong kernel (gate then up over an ``[M, N]`` grid): the gate (or up) columns of an
-  output tile are whole 32-column runs, 64-byte rows every other run, which one TMA box
-  with two outer modes fetches (two runs make one 128-byte swizzled row in shared memory).
+  output tile are whole 32-column runs, 64-byte rows every other run: one TMA box with an
+  outer mode over the runs fetches them, each run one 64-byte-swizzled atom in shared memory.
   Under even/odd interleave they would be strided 2-byte columns that no TMA box can fetch.
 * Tile widths: a tile of the interleaved kernel must hold whole pairs, so its packed
   width is a multiple of 64: 128, 192 and 256 all are. (Blocks of 64 allowed only

@@ -66,6 +66,8 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #   2026-11-29-calibration-large-m-small-k.md  configs 0 and 1 (after SiLU on MUFU in config
 #       1), 0.5B-3B at M = 4096 and 8192; -calibration-pingpong-192-rows.md the same two (and
 #       two 192-row configs, since dropped) on all 7 shapes at M = 512, 2048, 8192;
+#   2026-11-29-calibration-192-wide-tiles.md  configs 0, 1, 6, 7 on all 7 shapes at M = 512,
+#       2048, 8192 (-m128.md: config 6 against 2, 3, 5 at M = 128: slower everywhere);
 #   2026-11-29-calibration-tile-order-rounds.md  swizzle 1/4/8 of config 0, 7B..72B, M = 8192,
 #       timed in interleaved rounds. (An earlier run, -calibration-tile-order.md, timed each
 #       launch in one block and had favoured swizzling by 5-7%: clock drift, not reuse.)
@@ -107,23 +109,27 @@ SELECTION_TABLE: tuple[Rule, ...] = (
     Rule(512, "interleaved", 1,
          "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
          "other warpgroup's mainloop, and enough CTAs on these N (M=512: 1.5B 46.6 vs 53.9 us, "
-         "7B 189.4 vs 200.0 us for config 0; 3B a tie, 72.8 vs 71.6)", max_n=18944),
+         "7B 189.4 vs 200.0 us for config 0; 3B a tie, 72.8 vs 71.6; the 192-wide configs "
+         "6 and 7 won by 2-4% on 2 of these 4 shapes and lost on the other 2)", max_n=18944),
+    Rule(512, "interleaved", 0,
+         "M <= 512, N > 18944 (32B, 72B): 128x256 tiles with a 2x1 cluster (M=512: 72B 621.2 "
+         "vs 642.4 us for config 7 and 642.4 for config 1; 32B 385.4 vs 403.5 for config 7, "
+         "377.8 for config 6)"),
     Rule(2048, "interleaved", 1,
          "M <= 2048, N <= 11008: pingpong 128x128 tiles, as above (M=1024: 1.5B 82.5 vs "
          "90.1 us for config 2, and config 0 measured 88.1 in another run; M=2048: 1.5B "
-         "155.1 vs 158.0 us for config 0)", max_n=11008),
-    Rule(None, "interleaved", 1,
-         "M > 2048, N <= 6144 (0.5B; its K = 896 is 14 k-tiles a tile): pingpong 128x128 "
-         "tiles, as above; the cooperative config's epilogue, not hidden, weighs most at small K "
-         "(0.5B M=4096: 99.7 vs 107.4 us, M=8192: 197.5 vs 202.2 and 197.0 vs 199.4 us for "
-         "config 0; 1.5B and 3B: config 0 faster)", max_n=6144),
-    Rule(None, "interleaved", 0,
-         "128x256 tiles with a 2x1 cluster sharing each weight tile (fastest of the cooperative "
-         "configs at M >= 2048 and at N > 11008 from M = 1024 on; the pingpong 128x128 2x1 "
-         "config beats it at N <= 6144 (row above) and trails by 4-41% at M = 8192 on the other "
-         "shapes, 2-9% at M = 2048 for N > 11008, 3-5% at 1.5B/3B M = 4096); tiles in swizzled "
-         "groups of 4 or 8 measured no faster side by side (M=8192, 72B: 10.79 vs 11.04/11.13 "
-         "ms, 32B: 6.01 vs 6.01/5.94 ms)"),
+         "145.8 vs 153.9 us for config 6 and 155.8 for config 0; 3B a tie with config 6, "
+         "234.3 vs 234.0)", max_n=11008),
+    Rule(None, "interleaved", 6,
+         "M > 2048, N <= 8960 (0.5B, 1.5B; K = 896 and 1536): pingpong 128x192 tiles with a 2x1 "
+         "cluster, the most work per tile a pingpong warpgroup holds (M=8192: 0.5B 196.2 vs "
+         "198.4 us for config 1, 1.5B 581.5 vs 582.6 for config 0 and 589.3 for config 7)",
+         max_n=8960),
+    Rule(None, "interleaved", 7,
+         "256x192 tiles with a 2x1 cluster sharing each weight tile: 128x192 per warpgroup, "
+         "the fastest config at M = 2048 for N > 11008 (7B 679.6 vs 687.7 us for config 0, "
+         "14B 718.5 vs 756.1, 72B 2430 vs 2474) and at M = 8192 from 3B on (3B 957.5 vs "
+         "969.9, 7B 2854 vs 2967, 14B 2947 vs 3099, 72B 10372 vs 10867 for config 0)"),
 )
 
 

@@ -74,14 +74,15 @@ def test_measured_choices():
     assert pick(512, "qwen2.5-1.5b") == ("interleaved", 1, 1)  # pingpong 128x128 2x1
     assert pick(512, "qwen2.5-32b") == ("interleaved", 0, 1)
     assert pick(2048, "qwen2.5-3b") == ("interleaved", 1, 1)
-    assert pick(8192, "qwen2.5-0.5b") == ("interleaved", 1, 1)  # K = 896: epilogue hidden
-    assert pick(8192, "qwen2.5-1.5b") == ("interleaved", 0, 1)
+    assert pick(8192, "qwen2.5-0.5b") == ("interleaved", 6, 1)  # pingpong 128x192 2x1
+    assert pick(8192, "qwen2.5-1.5b") == ("interleaved", 6, 1)
+    assert pick(8192, "qwen2.5-3b") == ("interleaved", 7, 1)  # cooperative 256x192 2x1
     assert pick(16, "qwen2.5-7b") == ("xla", None, 1)
     assert pick(128, "qwen2.5-7b") == ("interleaved", 5, 1)  # stream-K: 2.2 waves of tiles
     assert pick(128, "qwen2.5-72b") == ("interleaved", 2, 1)
-    assert pick(2048, "qwen2.5-72b") == ("interleaved", 0, 1)
-    assert pick(8192, "qwen2.5-32b") == ("interleaved", 0, 1)
-    assert pick(16384, "qwen2.5-72b") == ("interleaved", 0, 1)
+    assert pick(2048, "qwen2.5-72b") == ("interleaved", 7, 1)
+    assert pick(8192, "qwen2.5-32b") == ("interleaved", 7, 1)
+    assert pick(16384, "qwen2.5-72b") == ("interleaved", 7, 1)
     # No row picks the pingpong kernel: it lost everywhere it was measured.
     assert all(rule.kernel != "pingpong" for rule in _selection.SELECTION_TABLE)
 

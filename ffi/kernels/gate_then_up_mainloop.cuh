@@ -10,8 +10,8 @@
 // One k-tile sequence per output tile runs both passes: k-tiles 0 .. K/tile_k - 1 load
 // x and gate columns, the next K/tile_k load x again and up columns. Gate and up columns
 // of an output tile are whole kGateUpBlock-column runs of the packed matrix, every other
-// run (jax_swiglu/_layout.py): one TMA box whose two outer modes step over the runs, so a
-// pass tile of 64 columns lands in shared memory as one 128-byte-swizzled row of 2 runs.
+// run (jax_swiglu/_layout.py): in shared memory each run is its own 64-byte-swizzled atom
+// column, and one TMA box with an outer mode over the runs loads a pass tile.
 //
 // Registers, the design constraint: a consumer warpgroup holds two fp32 accumulators,
 // gate and up, tile_m x tile_n / 2 each (64 + 64 per thread for 128 x 128). When the gate
@@ -72,9 +72,12 @@ struct GateThenUpMainloop {
   using SmemLayoutAtomA = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
                                    cute::GMMA::Major::K, ElementA, cute::Int<kTileM>,
                                    cute::Int<kTileK>>());
-  using SmemLayoutAtomB = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                                   cute::GMMA::Major::MN, ElementB, cute::Int<kTileN>,
-                                   cute::Int<kTileK>>());
+  // The weights' swizzle atom is exactly one gate (or up) run wide (32 columns, 64 bytes:
+  // the 64-byte swizzle), so each TMA box row is one contiguous run of the packed matrix and
+  // the box's inner extent equals the swizzle width. (A 128-byte atom over two 64-byte runs
+  // asks TMA for a box narrower than its swizzle: that crashed on the GPU, run 38.)
+  static_assert(kGateUpBlock * sizeof(ElementB) == 64, "one run is one 64-byte swizzle atom");
+  using SmemLayoutAtomB = cute::GMMA::Layout_MN_SW64_Atom<ElementB>;
   using SmemLayoutA = decltype(cute::tile_to_shape(
       SmemLayoutAtomA{},
       cute::make_shape(cute::Int<kTileM>{}, cute::Int<kTileK>{}, cute::Int<Stages>{}),
