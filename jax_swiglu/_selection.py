@@ -67,7 +67,8 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #       1), 0.5B-3B at M = 4096 and 8192; -calibration-pingpong-192-rows.md the same two (and
 #       two 192-row configs, since dropped) on all 7 shapes at M = 512, 2048, 8192;
 #   2026-11-29-calibration-192-wide-tiles.md  configs 0, 1, 6, 7 on all 7 shapes at M = 512,
-#       2048, 8192 (-m128.md: config 6 against 2, 3, 5 at M = 128: slower everywhere);
+#       2048, 8192 (-m1024-m4096.md: the same at M = 1024 and 4096; -m128.md: config 6 against
+#       2, 3, 5 at M = 128: slower everywhere);
 #   2026-11-29-calibration-tile-order-rounds.md  swizzle 1/4/8 of config 0, 7B..72B, M = 8192,
 #       timed in interleaved rounds. (An earlier run, -calibration-tile-order.md, timed each
 #       launch in one block and had favoured swizzling by 5-7%: clock drift, not reuse.)
@@ -120,6 +121,11 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "90.1 us for config 2, and config 0 measured 88.1 in another run; M=2048: 1.5B "
          "145.8 vs 153.9 us for config 6 and 155.8 for config 0; 3B a tie with config 6, "
          "234.3 vs 234.0)", max_n=11008),
+    Rule(1024, "interleaved", 6,
+         "512 < M <= 1024, N > 11008: pingpong 128x192 tiles with a 2x1 cluster, within 3% of "
+         "the fastest config on every such shape, where configs 7 and 0 trail by up to 7% and "
+         "5% (M=1024: 14B 367.9 vs 393.4 us for config 7 and 375.2 for config 0; 7B 345.9 vs "
+         "339.6 for config 7; 72B 1242.0 vs 1206.1 for config 0)"),
     Rule(None, "interleaved", 6,
          "M > 2048, N <= 8960 (0.5B, 1.5B; K = 896 and 1536): pingpong 128x192 tiles with a 2x1 "
          "cluster, the most work per tile a pingpong warpgroup holds (M=8192: 0.5B 196.2 vs "

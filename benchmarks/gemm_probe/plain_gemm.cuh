@@ -32,15 +32,16 @@ struct EpilogueScheduleFor<jax_swiglu::Schedule::Pingpong> {
 // Candidate tiles no fused kernel has yet, timed as plain GEMMs only: do they beat our
 // kernels' mainloops, and come nearer cuBLAS, on the rows where target 2 misses? Ids from
 // 100 on (PLAIN_IDS of run.sh). Two families:
-//  - "packed-N" tiles whose packed width is no multiple of 2 x kGateUpBlock (160, 192):
-//    a fused kernel would need a finer gate/up interleave;
+//  - packed widths 160 and 192, which the 64-column gate/up blocks of the time ruled out for
+//    a fused kernel (run 37: 192 won, the layout went to 32-column blocks and 100 and 102
+//    became interleaved configs 6 and 7; 160 would need 16-column blocks);
 //  - "transposed" tiles (transposed = true): the GEMM computes D^T[2N, M] = W^T X^T, weights
 //    on the wgmma M side (MN-major A) and tokens on the N side (K-major B), the orientation
 //    cuBLAS picks for these shapes (Nsight Compute, 2026-11-29-ncu-fused-vs-cublas.md). Here
 //    tile_m counts packed weight columns and tile_n tokens; D is written [M, 2N] row-major
 //    all the same (column-major D^T). With 64-column gate/up blocks, a 128-row weight tile
-//    puts gate and up in the two m64 atoms of one warpgroup, so a fused epilogue would find
-//    each pair in one thread with the present layout, for any token width.
+//    put gate and up in the two m64 atoms of one warpgroup, so a fused epilogue would have
+//    found each pair in one thread, for any token width (these lost, run 37).
 struct ProbeConfig {
   jax_swiglu::KernelConfig tiles;
   bool transposed;
