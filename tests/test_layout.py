@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jax_swiglu
-from jax_swiglu import GATE_UP_BLOCK, PackedWeights, pack_weights, unpack_weights
+from jax_swiglu import GATE_UP_BLOCK, PackedWeights, pack_weights, swiglu, unpack_weights
 
 from conftest import random_weights
 
@@ -99,5 +99,9 @@ def test_tampered_packed_weights_are_refused(key):
         PackedWeights(packed.data[:, :64], packed.n).validate()
     with pytest.raises(ValueError, match="layout"):
         PackedWeights(packed.data, packed.n, layout="even_odd").validate()
+    # Weights packed by an earlier version, in 64-column blocks, are refused at trace time.
+    old = PackedWeights(packed.data, packed.n, layout="gate_up_block64")
+    with pytest.raises(ValueError, match="pack the weights again"):
+        jax.jit(swiglu).trace(jnp.zeros((4, 16), jnp.bfloat16), old)
     with pytest.raises(TypeError, match="PackedWeights"):
         unpack_weights(packed.data)
