@@ -24,10 +24,11 @@
   X(4, Pingpong, 64, 128, 64, 1, 1, Persistent)        \
   X(5, Cooperative, 128, 128, 64, 1, 1, StreamK)      \
   X(6, Pingpong, 128, 192, 64, 2, 1, Persistent)       \
-  X(7, Cooperative, 256, 192, 64, 2, 1, Persistent)
+  X(7, Cooperative, 256, 192, 64, 2, 1, Persistent)   \
+  X(8, Cooperative, 128, 320, 64, 1, 1, Persistent)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 8
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 9
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the

@@ -69,24 +69,32 @@ CUTLASS_DEVICE float Silu(float gate) {
 }
 
 // Where a thread's gate and up accumulators pair up, for each kernel. Accumulator
-// fragments of a wgmma are ((2 adjacent columns, 2 rows 8 apart, blocks of 8 columns),
-// MMA_M, MMA_N); a policy says which (block, mma_n) hold gate values, where their up
-// partners are, which output column a gate's tile-local packed column is, and how the
-// pair combines.
+// fragments of a wgmma are ((2 adjacent columns, 2 rows 8 apart, kBlocks blocks of 8
+// columns), MMA_M, MMA_N), MMA_N counting atoms of 8 * kBlocks columns along N; a policy
+// says which (block, mma_n) hold gate values, where their up partners are, which output
+// column a gate's tile-local packed column is, and how the pair combines.
 
-// Interleaved kernel: one atom spans [gate block | up block | ...] of kGateUpBlock columns
-// each, so the up partner of 8-column block b of a gate block is block b + kGateUpBlock / 8
-// of the same atom, and SiLU is still due.
+// Interleaved kernel: the tile spans [gate block | up block | ...] of kGateUpBlock columns
+// each, so the up partner of 8-column block q of the tile (q = mma_n * kBlocks + block) is
+// block q + kGateUpBlock / 8, and SiLU is still due. The partner is usually in the same
+// atom; with 160-wide atoms (a 320-wide tile, config 8) a pair can straddle two.
 // kAlternateReciprocal: SiLU's reciprocal alternates Newton (even columns) and MUFU.RCP
 // (odd), for the cooperative schedule, or is MUFU.RCP on both, for pingpong (see Silu).
 template <bool kAlternateReciprocal>
 struct InterleavedPairs {
   static constexpr int kBlocksPerHalf = kGateUpBlock / 8;
-  CUTLASS_HOST_DEVICE static constexpr bool IsGate(int block, int /*mma_n*/) {
-    return (block / kBlocksPerHalf) % 2 == 0;
+  template <int kBlocks>
+  CUTLASS_HOST_DEVICE static constexpr bool IsGate(int block, int mma_n) {
+    return ((mma_n * kBlocks + block) / kBlocksPerHalf) % 2 == 0;
   }
-  CUTLASS_HOST_DEVICE static constexpr int UpBlock(int block) { return block + kBlocksPerHalf; }
-  CUTLASS_HOST_DEVICE static constexpr int UpMmaN(int mma_n) { return mma_n; }
+  template <int kBlocks>
+  CUTLASS_HOST_DEVICE static constexpr int UpBlock(int block, int mma_n) {
+    return (mma_n * kBlocks + block + kBlocksPerHalf) % kBlocks;
+  }
+  template <int kBlocks>
+  CUTLASS_HOST_DEVICE static constexpr int UpMmaN(int block, int mma_n) {
+    return (mma_n * kBlocks + block + kBlocksPerHalf) / kBlocks;
+  }
   CUTLASS_HOST_DEVICE static constexpr int OutputColumn(int packed_n) {
     return (packed_n / (2 * kGateUpBlock)) * kGateUpBlock + packed_n % kGateUpBlock;
   }
@@ -105,9 +113,18 @@ inline constexpr bool kIsInterleavedPairs<InterleavedPairs<kAlternateReciprocal>
 // Gate-then-up (pingpong) kernel: the gate pass accumulates into MMA_N index 0 and the up
 // pass into index 1, and the mainloop has already replaced the gate values by SiLU(g).
 struct SequentialPairs {
-  CUTLASS_HOST_DEVICE static constexpr bool IsGate(int /*block*/, int mma_n) { return mma_n == 0; }
-  CUTLASS_HOST_DEVICE static constexpr int UpBlock(int block) { return block; }
-  CUTLASS_HOST_DEVICE static constexpr int UpMmaN(int /*mma_n*/) { return 1; }
+  template <int kBlocks>
+  CUTLASS_HOST_DEVICE static constexpr bool IsGate(int /*block*/, int mma_n) {
+    return mma_n == 0;
+  }
+  template <int kBlocks>
+  CUTLASS_HOST_DEVICE static constexpr int UpBlock(int block, int /*mma_n*/) {
+    return block;
+  }
+  template <int kBlocks>
+  CUTLASS_HOST_DEVICE static constexpr int UpMmaN(int /*block*/, int /*mma_n*/) {
+    return 1;
+  }
   CUTLASS_HOST_DEVICE static constexpr int OutputColumn(int packed_n) { return packed_n; }
   template <int column>
   CUTLASS_DEVICE static float Combine(float silu_gate, float up) {
@@ -306,8 +323,8 @@ class SwiGluEpilogue {
     static_assert(size<0, 0>(AccLayout{}) == 2 && size<0, 1>(AccLayout{}) == 2);
     constexpr int kBlocks = size<0, 2>(AccLayout{});
     if constexpr (kIsInterleavedPairs<Pairs>) {
-      static_assert(kBlocks % (2 * Pairs::kBlocksPerHalf) == 0,
-                    "an MMA atom must hold whole gate/up block pairs");
+      static_assert((kBlocks * size<2>(AccLayout{})) % (2 * Pairs::kBlocksPerHalf) == 0,
+                    "the MMA atoms must hold whole gate/up block pairs");
     } else {
       static_assert(size<2>(AccLayout{}) == 2, "gate and up accumulators: MMA_N is 2");
     }
@@ -356,8 +373,9 @@ class SwiGluEpilogue {
         for (int row = 0; row < 2; ++row) {
           CUTLASS_PRAGMA_UNROLL
           for (int block = 0; block < kBlocks; ++block) {
-            if (!Pairs::IsGate(block, mma_n)) continue;
-            const int up_block = Pairs::UpBlock(block), up_mma_n = Pairs::UpMmaN(mma_n);
+            if (!Pairs::template IsGate<kBlocks>(block, mma_n)) continue;
+            const int up_block = Pairs::template UpBlock<kBlocks>(block, mma_n);
+            const int up_mma_n = Pairs::template UpMmaN<kBlocks>(block, mma_n);
             auto gate0 = make_coord(make_coord(0, row, block), mma_m, mma_n);
             auto gate1 = make_coord(make_coord(1, row, block), mma_m, mma_n);
             auto up0 = make_coord(make_coord(0, row, up_block), mma_m, up_mma_n);
