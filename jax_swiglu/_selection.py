@@ -66,6 +66,8 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #   2026-11-29-calibration-large-m-small-k.md  configs 0 and 1 (after SiLU on MUFU in config
 #       1), 0.5B-3B at M = 4096 and 8192; -calibration-pingpong-192-rows.md the same two (and
 #       two 192-row configs, since dropped) on all 7 shapes at M = 512, 2048, 8192;
+#   2026-11-29-calibration-320-wide-tiles.md  config 8 (cooperative 128x320) against 2, 3, 4, 5
+#       at M = 64 and 128 on 3B, 7B, 14B (a one-wave tile for 7B);
 #   2026-11-29-calibration-192-wide-tiles.md  configs 0, 1, 6, 7 on all 7 shapes at M = 512,
 #       2048, 8192 (-m1024-m4096.md: the same at M = 1024 and 4096; -m128.md: config 6 against
 #       2, 3, 5 at M = 128: slower everywhere);
@@ -98,12 +100,13 @@ SELECTION_TABLE: tuple[Rule, ...] = (
     Rule(128, "interleaved", 3,
          "M <= 128, N <= 6144: 128x128 tiles give twice the CTAs of 128x256 on a small N "
          "(0.5B: 9.2 vs 13.4 us; 64-row tiles 11.1 us)", max_n=6144),
-    Rule(128, "interleaved", 5,
-         "M <= 128, N in 132 x (128, 192]: 128x256 tiles make 1.1 waves and 128x128 tiles "
-         "2.2 with a ragged last wave; stream-K spreads the K loop evenly over the SMs (7B: "
-         "75.6 us, level with XLA's 75.5; 128x128 tiles 80.9 us)",
+    Rule(128, "interleaved", 8,
+         "64 < M <= 128, N in 132 x (128, 160]: 128x256 tiles would make 1.1 waves; 128x320 "
+         "tiles make one wave that streams the weights on nearly every SM (7B: 71.0 us vs "
+         "76.5 for stream-K config 5, the row's choice before, and 99.1 for config 2; M = 64 "
+         "kept 64-row tiles: 70.8 vs 70.2, a tie)",
          min_n=_SMS * 128,
-         max_n=_SMS * 192),
+         max_n=_SMS * 160),
     Rule(128, "interleaved", 2,
          "M <= 128: one 128-row tile, 128x256 tiles, no cluster (a 2x1 cluster would idle "
          "half its CTAs on the empty second row of tiles)"),

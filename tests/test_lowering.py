@@ -78,7 +78,7 @@ def test_measured_choices():
     assert pick(8192, "qwen2.5-1.5b") == ("interleaved", 6, 1)
     assert pick(8192, "qwen2.5-3b") == ("interleaved", 7, 1)  # cooperative 256x192 2x1
     assert pick(16, "qwen2.5-7b") == ("xla", None, 1)
-    assert pick(128, "qwen2.5-7b") == ("interleaved", 5, 1)  # stream-K: 2.2 waves of tiles
+    assert pick(128, "qwen2.5-7b") == ("interleaved", 8, 1)  # 128x320: one wave of tiles
     assert pick(128, "qwen2.5-72b") == ("interleaved", 2, 1)
     assert pick(2048, "qwen2.5-72b") == ("interleaved", 7, 1)
     assert pick(8192, "qwen2.5-32b") == ("interleaved", 7, 1)
