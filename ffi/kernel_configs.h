@@ -43,7 +43,7 @@ namespace jax_swiglu {
 
 // Gate/up block width of the packed weight layout: packed column block 2b holds gate
 // columns [32b, 32b + 32) and block 2b + 1 the up columns of the same range, so a tile's
-// packed width may be any multiple of 64 (192: configs 6 and 7). See
+// packed width may be any multiple of 64 (192: configs 6 and 7; 320: config 8). See
 // jax_swiglu/_layout.py, which owns the layout; the kernels only read it.
 inline constexpr int kGateUpBlock = 32;
 

@@ -21,7 +21,7 @@ Why this layout, and not the even/odd column interleave:
   outer mode over the runs fetches them, each run one 64-byte-swizzled atom in shared memory.
   Under even/odd interleave they would be strided 2-byte columns that no TMA box can fetch.
 * Tile widths: a tile of the interleaved kernel must hold whole pairs, so its packed
-  width is a multiple of 64: 128, 192 and 256 all are. (Blocks of 64 allowed only
+  width is a multiple of 64: 128, 192, 256 and 320 all are. (Blocks of 64 allowed only
   multiples of 128, and 192-wide tiles measured up to 9% faster as plain GEMMs:
   benchmarks/results/NVIDIA_H200/2026-11-29-gemm-probe-candidate-tiles.md.)
 * Sharding: a contiguous run of whole gate/up pairs (64 packed columns each) is itself a
