@@ -76,8 +76,9 @@ CUTLASS_DEVICE float Silu(float gate) {
 
 // Interleaved kernel: the tile spans [gate block | up block | ...] of kGateUpBlock columns
 // each, so the up partner of 8-column block q of the tile (q = mma_n * kBlocks + block) is
-// block q + kGateUpBlock / 8, and SiLU is still due. The partner is usually in the same
-// atom; with 160-wide atoms (a 320-wide tile, config 8) a pair can straddle two.
+// block q + kGateUpBlock / 8, and SiLU is still due. In every compiled config the atom
+// holds whole pairs (config 8's 320-wide tile runs 64-wide atoms), so the partner is in the
+// same atom; an atom width that is not a multiple of 64 (say 160) would put it in the next.
 // kAlternateReciprocal: SiLU's reciprocal alternates Newton (even columns) and MUFU.RCP
 // (odd), for the cooperative schedule, or is MUFU.RCP on both, for pingpong (see Silu).
 template <bool kAlternateReciprocal>
@@ -104,6 +105,25 @@ struct InterleavedPairs {
     return Silu<kAlternateReciprocal && column == 0>(gate) * up;
   }
 };
+
+// The pairing, checked where a pair straddles two atoms: with 160-wide atoms (20 blocks),
+// packed columns 128-159 (atom 0, blocks 16-19) are gate and their up partners are columns
+// 160-191 (atom 1, blocks 0-3); columns 160-191 themselves are up.
+static_assert(InterleavedPairs<true>::IsGate<20>(16, 0) &&
+                  InterleavedPairs<true>::UpBlock<20>(16, 0) == 0 &&
+                  InterleavedPairs<true>::UpMmaN<20>(16, 0) == 1 &&
+                  InterleavedPairs<true>::UpBlock<20>(19, 0) == 3 &&
+                  !InterleavedPairs<true>::IsGate<20>(0, 1) &&
+                  InterleavedPairs<true>::IsGate<20>(4, 1) &&
+                  InterleavedPairs<true>::UpBlock<20>(4, 1) == 8 &&
+                  InterleavedPairs<true>::UpMmaN<20>(4, 1) == 1,
+              "gate/up pairing across MMA atoms");
+// ... and within one 64-wide atom (8 blocks): blocks 0-3 gate, partners 4-7.
+static_assert(InterleavedPairs<false>::IsGate<8>(3, 2) &&
+                  !InterleavedPairs<false>::IsGate<8>(4, 2) &&
+                  InterleavedPairs<false>::UpBlock<8>(3, 2) == 7 &&
+                  InterleavedPairs<false>::UpMmaN<8>(3, 2) == 2,
+              "gate/up pairing within an MMA atom");
 
 template <class Pairs>
 inline constexpr bool kIsInterleavedPairs = false;
