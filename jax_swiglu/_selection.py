@@ -102,9 +102,9 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "(0.5B: 9.2 vs 13.4 us; 64-row tiles 11.1 us)", max_n=6144),
     Rule(128, "interleaved", 8,
          "64 < M <= 128, N in 132 x (128, 160]: 128x256 tiles would make 1.1 waves; 128x320 "
-         "tiles make one wave that streams the weights on nearly every SM (7B: 71.0 us vs "
-         "76.5 for stream-K config 5, the row's choice before, and 99.1 for config 2; M = 64 "
-         "kept 64-row tiles: 70.8 vs 70.2, a tie)",
+         "tiles make one wave that streams the weights on nearly every SM (7B: 71.4 us vs "
+         "76.9 for stream-K config 5, the row's choice before, and 99.9 for config 2; M = 64 "
+         "kept 64-row tiles: 70.6 vs 70.2, a tie)",
          min_n=_SMS * 128,
          max_n=_SMS * 160),
     Rule(128, "interleaved", 2,

@@ -109,7 +109,7 @@ GRAPH_CASES = {
     "single-0.5b-m1": ("single", 1, 896, 4864),
     "single-7b-m1000": ("single", 1000, 3584, 18944),
     # The table's one-wave 128x320 config 8. (It picked stream-K config 5, with its memset and
-    # workspace, until run 42; test_bitwise_deterministic still forces config 5.)
+    # workspace, until run 43; test_bitwise_deterministic still forces config 5.)
     "single-7b-m128": ("single", 128, 3584, 18944),
     "chain-m64": ("chain", 64, 2048, 2048),
     "chain-m1500": ("chain", 1500, 2048, 2048),
