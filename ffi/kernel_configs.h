@@ -25,10 +25,11 @@
   X(5, Cooperative, 128, 128, 64, 1, 1, StreamK)      \
   X(6, Pingpong, 128, 192, 64, 2, 1, Persistent)       \
   X(7, Cooperative, 256, 192, 64, 2, 1, Persistent)   \
-  X(8, Cooperative, 128, 320, 64, 1, 1, Persistent)
+  X(8, Cooperative, 128, 320, 64, 1, 1, Persistent)    \
+  X(9, Cooperative, 128, 192, 64, 1, 1, Persistent)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 9
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 10
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the
@@ -43,7 +44,7 @@ namespace jax_swiglu {
 
 // Gate/up block width of the packed weight layout: packed column block 2b holds gate
 // columns [32b, 32b + 32) and block 2b + 1 the up columns of the same range, so a tile's
-// packed width may be any multiple of 64 (192: configs 6 and 7; 320: config 8). See
+// packed width may be any multiple of 64 (192: configs 6, 7 and 9; 320: config 8). See
 // jax_swiglu/_layout.py, which owns the layout; the kernels only read it.
 inline constexpr int kGateUpBlock = 32;
 

@@ -71,6 +71,8 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #   2026-11-29-calibration-192-wide-tiles.md  configs 0, 1, 6, 7 on all 7 shapes at M = 512,
 #       2048, 8192 (-m1024-m4096.md: the same at M = 1024 and 4096; -m128.md: config 6 against
 #       2, 3, 5 at M = 128: slower everywhere);
+#   2026-11-29-calibration-192-wide-no-cluster.md  128x192 tiles without a cluster (pingpong and
+#       cooperative, the latter now config 9) against 1, 2, 3, 6 at M = 128 and 512, 0.5B..7B;
 #   2026-11-29-calibration-tile-order-rounds.md  swizzle 1/4/8 of config 0, 7B..72B, M = 8192,
 #       timed in interleaved rounds. (An earlier run, -calibration-tile-order.md, timed each
 #       launch in one block and had favoured swizzling by 5-7%: clock drift, not reuse.)
@@ -100,6 +102,11 @@ SELECTION_TABLE: tuple[Rule, ...] = (
     Rule(128, "interleaved", 3,
          "M <= 128, N <= 6144: 128x128 tiles give twice the CTAs of 128x256 on a small N "
          "(0.5B: 9.2 vs 13.4 us; 64-row tiles 11.1 us)", max_n=6144),
+    Rule(128, "interleaved", 9,
+         "64 < M <= 128, 6144 < N <= 11008 (1.5B, 3B): 128x192 tiles, no cluster, keep 94 and "
+         "115 SMs streaming the weights where 128x256 tiles keep 70 and 86 (1.5B: 18.5 vs 20.4 "
+         "us for config 2; 3B: 26.8 vs 27.4; pingpong 128x192 tiles 18.6 and 27.0)",
+         min_n=6144, max_n=11008),
     Rule(128, "interleaved", 8,
          "64 < M <= 128, N in 132 x (128, 160]: 128x256 tiles would make 1.1 waves; 128x320 "
          "tiles make one wave that streams the weights on nearly every SM (7B: 71.4 us vs "
@@ -110,11 +117,15 @@ SELECTION_TABLE: tuple[Rule, ...] = (
     Rule(128, "interleaved", 2,
          "M <= 128: one 128-row tile, 128x256 tiles, no cluster (a 2x1 cluster would idle "
          "half its CTAs on the empty second row of tiles)"),
+    Rule(512, "interleaved", 6,
+         "128 < M <= 512, 6144 < N <= 8960 (1.5B): pingpong 128x192 tiles with a 2x1 cluster make "
+         "2.85 waves at M = 512 where 128x128 tiles make 4.24 (41.7 vs 43.5 us for config 1; "
+         "42.2 vs 44.0 and 41.8 vs 43.6 in two other runs)", min_n=6144, max_n=8960),
     Rule(512, "interleaved", 1,
          "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
-         "other warpgroup's mainloop, and enough CTAs on these N (M=512: 1.5B 46.6 vs 53.9 us, "
-         "7B 189.4 vs 200.0 us for config 0; 3B a tie, 72.8 vs 71.6; the 192-wide configs "
-         "6 and 7 won by 2-4% on 2 of these 4 shapes and lost on the other 2)", max_n=18944),
+         "other warpgroup's mainloop, and enough CTAs on these N (M=512: 0.5B 17.8 vs 19.0 us "
+         "for config 6, 3B 68.2 vs 70.1, 7B 189.4 vs 200.0 for config 0 and a tie with config "
+         "6, 180.6 vs 179.7)", max_n=18944),
     Rule(512, "interleaved", 0,
          "M <= 512, N > 18944 (32B, 72B): 128x256 tiles with a 2x1 cluster (M=512: 72B 621.2 "
          "vs 642.4 us for config 7 and 642.4 for config 1; 32B 385.4 vs 403.5 for config 7, "

@@ -20,7 +20,8 @@
 #      side, under sustained load and in short bursts (gemm_probe-idle*.{json,md}, -clocks.csv),
 #  11. with NCU=1, Nsight Compute over benchmarks/profile_kernels.py (NCU_ARGS: its --rows and
 #      --launches): one call each of the bare GEMM and fused launches, clocks left alone;
-#      ncu.txt holds the report's details page, ncu-raw.csv every metric collected.
+#      ncu.txt holds the report's details page, ncu-raw.csv every metric collected; NCU_EXTRA
+#      adds ncu options (e.g. --section SourceCounters, then ncu-source.csv.gz per instruction).
 # TESTS=0 skips step 3; TEST_TIMEOUT (seconds, default 1800) bounds it, so a hung kernel
 # still leaves the later steps time to run.
 # Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
@@ -164,12 +165,18 @@ if [ "${NCU:-0}" = 1 ]; then
       --profile-from-start off --clock-control none \
       --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
-      -o "$OUT/ncu" "$PY" benchmarks/profile_kernels.py ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1
+      ${NCU_EXTRA:-} -o "$OUT/ncu" "$PY" benchmarks/profile_kernels.py ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1
   [ $? -eq 0 ] || status=1
   tail -5 "$OUT/ncu.log" | tee -a "$SUMMARY"
   if [ -f "$OUT/ncu.ncu-rep" ]; then
     "$NCU_BIN" --import "$OUT/ncu.ncu-rep" --page details > "$OUT/ncu.txt" 2>&1
     "$NCU_BIN" --import "$OUT/ncu.ncu-rep" --page raw --csv > "$OUT/ncu-raw.csv" 2>&1
+    # With NCU_EXTRA="--section SourceCounters ...": where each kernel's warps stall, per SASS
+    # instruction (sampled), compressed.
+    if [ -n "${NCU_EXTRA:-}" ]; then
+      "$NCU_BIN" --import "$OUT/ncu.ncu-rep" --page source --csv --print-source sass \
+        2>&1 | gzip > "$OUT/ncu-source.csv.gz"
+    fi
     rm -f "$OUT/ncu.ncu-rep"
   fi
 fi

@@ -71,7 +71,11 @@ def test_measured_choices():
     assert pick(8, "qwen2.5-72b") == ("xla", None, 1)  # decode: XLA's small-M GEMMs
     assert pick(1, "qwen2.5-0.5b") == ("interleaved", 4, 1)
     assert pick(64, "qwen2.5-7b") == ("interleaved", 4, 1)  # 64-row pingpong tiles
-    assert pick(512, "qwen2.5-1.5b") == ("interleaved", 1, 1)  # pingpong 128x128 2x1
+    assert pick(512, "qwen2.5-1.5b") == ("interleaved", 6, 1)  # pingpong 128x192 2x1
+    assert pick(512, "qwen2.5-3b") == ("interleaved", 1, 1)  # pingpong 128x128 2x1
+    assert pick(128, "qwen2.5-1.5b") == ("interleaved", 9, 1)  # cooperative 128x192 1x1
+    assert pick(128, "qwen2.5-3b") == ("interleaved", 9, 1)
+    assert pick(128, "qwen2.5-14b") == ("interleaved", 2, 1)
     assert pick(512, "qwen2.5-32b") == ("interleaved", 0, 1)
     assert pick(2048, "qwen2.5-3b") == ("interleaved", 1, 1)
     assert pick(8192, "qwen2.5-0.5b") == ("interleaved", 6, 1)  # pingpong 128x192 2x1
