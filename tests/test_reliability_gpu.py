@@ -111,6 +111,7 @@ GRAPH_CASES = {
     # The table's one-wave 128x320 config 8. (It picked stream-K config 5, with its memset and
     # workspace, until run 43; test_bitwise_deterministic still forces config 5.)
     "single-7b-m128": ("single", 128, 3584, 18944),
+    "single-1.5b-m128": ("single", 128, 1536, 8960),  # the table's 128x192 config 9
     "chain-m64": ("chain", 64, 2048, 2048),
     "chain-m1500": ("chain", 1500, 2048, 2048),
 }
