@@ -32,7 +32,8 @@ SWIZZLES = (1, 2, 4, 8)
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """Use ``kernel`` with tile config ``config`` when M <= ``max_m`` and ``min_n`` < N <= ``max_n``.
+    """Use ``kernel`` with tile config ``config`` when ``min_m`` < M <= ``max_m`` and
+    ``min_n`` < N <= ``max_n``.
 
     ``None`` bounds are open.
     """
@@ -45,9 +46,10 @@ class Rule:
     max_n: int | None = None
     swizzle: int = 1  # persistent scheduler: tiles visited in groups of this size
     raster: str = "heuristic"  # ... along "m", "n", or CUTLASS's heuristic
+    min_m: int = 0
 
     def admits(self, m: int, n: int) -> bool:
-        return ((self.max_m is None or m <= self.max_m) and n > self.min_n
+        return (m > self.min_m and (self.max_m is None or m <= self.max_m) and n > self.min_n
                 and (self.max_n is None or n <= self.max_n))
 
 
@@ -118,9 +120,11 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "M <= 128: one 128-row tile, 128x256 tiles, no cluster (a 2x1 cluster would idle "
          "half its CTAs on the empty second row of tiles)"),
     Rule(512, "interleaved", 6,
-         "128 < M <= 512, 6144 < N <= 8960 (1.5B): pingpong 128x192 tiles with a 2x1 cluster make "
-         "2.85 waves at M = 512 where 128x128 tiles make 4.24 (41.7 vs 43.5 us for config 1; "
-         "42.2 vs 44.0 and 41.8 vs 43.6 in two other runs)", min_n=6144, max_n=8960),
+         "384 < M <= 512, 6144 < N <= 8960 (1.5B): pingpong 128x192 tiles with a 2x1 cluster "
+         "make 2.85 waves at M = 512 where 128x128 tiles make 4.24 (41.7 vs 43.5 us for config "
+         "1; 42.2 vs 44.0 and 41.8 vs 43.6 in two other runs). Measured at M = 512 only; by the "
+         "same wave count they would tie at two rows of tiles and trail at three (M = 257-384), "
+         "which keep config 1", min_m=384, min_n=6144, max_n=8960),
     Rule(512, "interleaved", 1,
          "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
          "other warpgroup's mainloop, and enough CTAs on these N (M=512: 0.5B 17.8 vs 19.0 us "
