@@ -123,8 +123,8 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "384 < M <= 512, 6144 < N <= 8960 (1.5B): pingpong 128x192 tiles with a 2x1 cluster "
          "make 2.85 waves at M = 512 where 128x128 tiles make 4.24 (41.7 vs 43.5 us for config "
          "1; 42.2 vs 44.0 and 41.8 vs 43.6 in two other runs). Measured at M = 512 only; by the "
-         "same wave count they would tie at two rows of tiles and trail at three (M = 257-384), "
-         "which keep config 1", min_m=384, min_n=6144, max_n=8960),
+         "same wave count they would tie at two rows of tiles (M = 129-256) and trail at three "
+         "(257-384), so M <= 384 keeps config 1", min_m=384, min_n=6144, max_n=8960),
     Rule(512, "interleaved", 1,
          "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
          "other warpgroup's mainloop, and enough CTAs on these N (M=512: 0.5B 17.8 vs 19.0 us "
