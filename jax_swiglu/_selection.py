@@ -42,11 +42,11 @@ class Rule:
     kernel: str
     config: int | None
     why: str
+    min_m: int = 0
     min_n: int = 0
     max_n: int | None = None
     swizzle: int = 1  # persistent scheduler: tiles visited in groups of this size
     raster: str = "heuristic"  # ... along "m", "n", or CUTLASS's heuristic
-    min_m: int = 0
 
     def admits(self, m: int, n: int) -> bool:
         return (m > self.min_m and (self.max_m is None or m <= self.max_m) and n > self.min_n
