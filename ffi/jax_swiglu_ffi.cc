@@ -250,6 +250,7 @@ NB_MODULE(_kernels, m) {
         d["cluster_m"] = c.cluster_m;
         d["cluster_n"] = c.cluster_n;
         d["scheduler"] = c.scheduler == jax_swiglu::TileScheduler::StreamK ? "stream-k" : "persistent";
+        d["store"] = c.store == jax_swiglu::OutputStore::DirectStore ? "direct" : "tma";
         l.append(d);
       }
     };

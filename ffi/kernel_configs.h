@@ -15,28 +15,34 @@
 //   scheduler: Persistent (whole output tiles, one CTA per SM) or StreamK (CTAs also split
 //   tiles along K and add their partial sums in a workspace, so the last wave is not
 //   ragged: for problems of a few waves, e.g. M <= 128 on a wide N).
-//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler)
-#define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)              \
-  X(0, Cooperative, 128, 256, 64, 2, 1, Persistent)    \
-  X(1, Pingpong, 128, 128, 64, 2, 1, Persistent)       \
-  X(2, Cooperative, 128, 256, 64, 1, 1, Persistent)    \
-  X(3, Cooperative, 128, 128, 64, 1, 1, Persistent)    \
-  X(4, Pingpong, 64, 128, 64, 1, 1, Persistent)        \
-  X(5, Cooperative, 128, 128, 64, 1, 1, StreamK)      \
-  X(6, Pingpong, 128, 192, 64, 2, 1, Persistent)       \
-  X(7, Cooperative, 256, 192, 64, 2, 1, Persistent)   \
-  X(8, Cooperative, 128, 320, 64, 1, 1, Persistent)    \
-  X(9, Cooperative, 128, 192, 64, 1, 1, Persistent)
+//   store: TmaStore (the output tile goes registers -> shared memory -> one TMA store) or
+//   DirectStore (registers -> global memory, 4 bytes per store: no shared-memory tile, so
+//   the mainloop may hold one more stage where the tile would not leave room for it).
+//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
+#define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)                          \
+  X(0, Cooperative, 128, 256, 64, 2, 1, Persistent, TmaStore)      \
+  X(1, Pingpong, 128, 128, 64, 2, 1, Persistent, TmaStore)         \
+  X(2, Cooperative, 128, 256, 64, 1, 1, Persistent, TmaStore)      \
+  X(3, Cooperative, 128, 128, 64, 1, 1, Persistent, TmaStore)      \
+  X(4, Pingpong, 64, 128, 64, 1, 1, Persistent, TmaStore)          \
+  X(5, Cooperative, 128, 128, 64, 1, 1, StreamK, TmaStore)         \
+  X(6, Pingpong, 128, 192, 64, 2, 1, Persistent, TmaStore)         \
+  X(7, Cooperative, 256, 192, 64, 2, 1, Persistent, TmaStore)      \
+  X(8, Cooperative, 128, 320, 64, 1, 1, Persistent, TmaStore)      \
+  X(9, Cooperative, 128, 192, 64, 1, 1, Persistent, TmaStore)      \
+  X(10, Cooperative, 256, 192, 64, 2, 1, Persistent, DirectStore)  \
+  X(11, Pingpong, 128, 128, 64, 2, 1, Persistent, DirectStore)     \
+  X(12, Pingpong, 128, 192, 64, 2, 1, Persistent, DirectStore)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 10
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 13
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the
 // accumulator is [gate | up], tile_n / 2 output columns, each pass tile_n / 2 wide.
-//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler)
+//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
 #define JAX_SWIGLU_PINGPONG_CONFIGS(X) \
-  X(0, Pingpong, 128, 128, 64, 1, 1, Persistent)
+  X(0, Pingpong, 128, 128, 64, 1, 1, Persistent, TmaStore)
 
 #define JAX_SWIGLU_NUM_PINGPONG_CONFIGS 1
 
@@ -50,6 +56,7 @@ inline constexpr int kGateUpBlock = 32;
 
 enum class Schedule { Cooperative, Pingpong };
 enum class TileScheduler { Persistent, StreamK };
+enum class OutputStore { TmaStore, DirectStore };
 
 struct KernelConfig {
   int id;
@@ -57,10 +64,12 @@ struct KernelConfig {
   int tile_m, tile_n, tile_k;
   int cluster_m, cluster_n;
   TileScheduler scheduler;
+  OutputStore store;
 };
 
-#define JAX_SWIGLU_CONFIG_ROW(id, schedule, tm, tn, tk, cm, cn, scheduler) \
-  KernelConfig{id, Schedule::schedule, tm, tn, tk, cm, cn, TileScheduler::scheduler},
+#define JAX_SWIGLU_CONFIG_ROW(id, schedule, tm, tn, tk, cm, cn, scheduler, store)      \
+  KernelConfig{id, Schedule::schedule, tm, tn, tk, cm, cn, TileScheduler::scheduler, \
+               OutputStore::store},
 inline constexpr KernelConfig kInterleavedConfigs[] = {
     JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
 inline constexpr KernelConfig kPingpongConfigs[] = {

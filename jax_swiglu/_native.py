@@ -39,11 +39,13 @@ class KernelConfig:
     cluster_m: int
     cluster_n: int
     scheduler: str = "persistent"  # or "stream-k": tiles also split along K (a workspace)
+    store: str = "tma"  # or "direct": output from registers to global memory, no smem tile
 
     def describe(self) -> str:
         return (f"{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
                 f"cluster {self.cluster_m}x{self.cluster_n}"
-                + (", stream-K" if self.scheduler == "stream-k" else ""))
+                + (", stream-K" if self.scheduler == "stream-k" else "")
+                + (", direct store" if self.store == "direct" else ""))
 
 
 def kernels_available() -> bool:

@@ -58,8 +58,9 @@ struct InterleavedKernel {
 
   // SiLU's reciprocal: alternating Newton and MUFU for the cooperative schedule, MUFU's
   // for pingpong (swiglu_epilogue.cuh, Silu).
-  using Epilogue = SwiGluEpilogue<
-      Element, TileShape, InterleavedPairs<kConfig.schedule == Schedule::Cooperative>>;
+  using Epilogue =
+      SwiGluEpilogue<Element, TileShape,
+                     InterleavedPairs<kConfig.schedule == Schedule::Cooperative>, kConfig.store>;
 
   // A = x [M, K] (K contiguous), B = packed [K, 2N] (packed N contiguous), fp32 accumulate.
   static constexpr int kAlignment = 16 / sizeof(Element);

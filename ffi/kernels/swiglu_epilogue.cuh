@@ -152,9 +152,14 @@ struct SequentialPairs {
   }
 };
 
-template <class ElementD_, class CtaTileShape_, class Pairs>
+// kStore: TmaStore stages the output tile in shared memory for one TMA store per tile;
+// DirectStore writes each thread's 4-byte pairs straight to global memory and takes no
+// shared memory, which the mainloop can use for one more stage (configs 10-12).
+template <class ElementD_, class CtaTileShape_, class Pairs,
+          OutputStore kStore = OutputStore::TmaStore>
 class SwiGluEpilogue {
  public:
+  static constexpr bool kDirect = kStore == OutputStore::DirectStore;
   using ElementD = ElementD_;
   using ElementC = void;  // no source tensor
   using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
@@ -242,13 +247,15 @@ class SwiGluEpilogue {
   using StorePipelineState = cutlass::PipelineState<0>;
   static constexpr bool RequiresTransactionBytes = false;
 
-  struct TensorStorage {
+  struct TmaTensorStorage {
     alignas(1024) cute::ArrayEngine<ElementD, cute::cosize_v<SmemLayoutD>> smem_d;
   };
+  struct DirectTensorStorage {};
+  using TensorStorage = cute::conditional_t<kDirect, DirectTensorStorage, TmaTensorStorage>;
   using PipelineStorage = typename LoadPipeline::SharedStorage;
   // Shared memory the mainloop's stage count must leave free.
   static constexpr int kSharedBytes =
-      static_cast<int>(sizeof(TensorStorage) + sizeof(PipelineStorage));
+      kDirect ? 0 : static_cast<int>(sizeof(TensorStorage) + sizeof(PipelineStorage));
 
   struct Arguments {
     ElementD* ptr_d;  // [M, n] row-major
@@ -263,7 +270,8 @@ class SwiGluEpilogue {
       SmemLayoutD{}));
 
   struct Params {
-    TmaStoreD tma_store_d;
+    TmaStoreD tma_store_d;  // TmaStore only
+    ElementD* ptr_d;        // DirectStore only
     int n;
   };
 
@@ -271,11 +279,15 @@ class SwiGluEpilogue {
   static Params to_underlying_arguments(ProblemShape const& problem_shape,
                                         Arguments const& args, void* /*workspace*/) {
     using namespace cute;
-    int m = get<0>(problem_shape);
-    Tensor tensor_d = make_tensor(
-        make_gmem_ptr(args.ptr_d),
-        make_layout(make_shape(int32_t(m), int32_t(args.n)), make_stride(int64_t(args.n), _1{})));
-    return {make_tma_copy(SM90_TMA_STORE{}, tensor_d, SmemLayoutD{}), args.n};
+    if constexpr (kDirect) {
+      return {TmaStoreD{}, args.ptr_d, args.n};
+    } else {
+      int m = get<0>(problem_shape);
+      Tensor tensor_d = make_tensor(make_gmem_ptr(args.ptr_d),
+                                    make_layout(make_shape(int32_t(m), int32_t(args.n)),
+                                                make_stride(int64_t(args.n), _1{})));
+      return {make_tma_copy(SM90_TMA_STORE{}, tensor_d, SmemLayoutD{}), args.ptr_d, args.n};
+    }
   }
 
   template <class ProblemShape>
@@ -308,7 +320,7 @@ class SwiGluEpilogue {
   }
 
   CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& params) {
-    cute::prefetch_tma_descriptor(params.tma_store_d.get_tma_descriptor());
+    if constexpr (!kDirect) cute::prefetch_tma_descriptor(params.tma_store_d.get_tma_descriptor());
   }
 
   CUTLASS_HOST_DEVICE SwiGluEpilogue(Params const& params, TensorStorage& /*shared*/)
@@ -348,6 +360,27 @@ class SwiGluEpilogue {
     } else {
       static_assert(size<2>(AccLayout{}) == 2, "gate and up accumulators: MMA_N is 2");
     }
+
+    if constexpr (kDirect) {
+      StoreDirect<kBlocks>(problem_shape_mnkl, tile_shape_mnk, tile_coord_mnkl, accumulators,
+                           tiled_mma, thread_idx);
+    } else {
+      StoreViaSharedMemory<kBlocks>(problem_shape_mnkl, tile_shape_mnk, tile_coord_mnkl,
+                                    accumulators, tiled_mma, thread_idx, shared_tensors);
+    }
+    return make_tuple(load_state, store_state);
+  }
+
+ private:
+  template <int kBlocks, class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL,
+            class AccEngine, class AccLayout, class TiledMma>
+  CUTLASS_DEVICE void StoreViaSharedMemory(ProblemShapeMNKL problem_shape_mnkl,
+                                           TileShapeMNK tile_shape_mnk,
+                                           TileCoordMNKL tile_coord_mnkl,
+                                           cute::Tensor<AccEngine, AccLayout> const& accumulators,
+                                           TiledMma tiled_mma, int thread_idx,
+                                           TensorStorage& shared_tensors) {
+    using namespace cute;
 
     constexpr int kThreads = size(TiledMma{});
     auto sync_epilogue_threads = [] {
@@ -436,16 +469,81 @@ class SwiGluEpilogue {
       copy(params_.tma_store_d, cta_tma.partition_S(sD), cta_tma.partition_D(gD));
       tma_store_arrive();
     }
-    return make_tuple(load_state, store_state);
   }
+
+ public:
 
   CUTLASS_DEVICE auto store_tail(LoadPipeline, LoadPipelineState load_state, StorePipeline,
                                  StorePipelineState store_state) {
     // Shared memory must outlive every TMA store that reads it (and, in the pingpong
     // kernel, the other warpgroup reuses the tile next).
-    cute::tma_store_wait<0>();
+    if constexpr (!kDirect) cute::tma_store_wait<0>();
     return cute::make_tuple(load_state, store_state);
   }
+
+ private:
+  // DirectStore: each gate/up pair becomes one 4-byte store of output columns (n, n + 1),
+  // n even, at its global address; rows past M and columns past n are skipped. A warp's
+  // store covers 8 rows x 16 bytes, which L2 merges into whole sectors. Nothing waits:
+  // the next tile's mainloop starts as soon as the stores are issued.
+  template <int kBlocks, class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL,
+            class AccEngine, class AccLayout, class TiledMma>
+  CUTLASS_DEVICE void StoreDirect(ProblemShapeMNKL problem_shape_mnkl, TileShapeMNK tile_shape_mnk,
+                                  TileCoordMNKL tile_coord_mnkl,
+                                  cute::Tensor<AccEngine, AccLayout> const& accumulators,
+                                  TiledMma tiled_mma, int thread_idx) {
+    using namespace cute;
+    // Coordinates as in the TMA path (the opaque move keeps them out of the mainloop).
+    int opaque_thread_idx;
+    asm volatile("mov.b32 %0, %1;" : "=r"(opaque_thread_idx) : "r"(thread_idx));
+    Tensor tAcc_coord = tiled_mma.get_slice(opaque_thread_idx)
+                            .partition_C(make_identity_tensor(take<0, 2>(tile_shape_mnk)));
+    const int m0 = get<0>(tAcc_coord(0));
+    const int p0 = get<1>(tAcc_coord(0));
+    auto [m_coord, n_coord, k_coord, l_coord] = tile_coord_mnkl;
+    const int row0 = static_cast<int>(m_coord) * kTileM + m0;
+    const int col0 = static_cast<int>(n_coord) * kTileN + p0;  // OutputColumn(p0) = p0
+    const int rows_left = static_cast<int>(get<0>(problem_shape_mnkl)) - row0;
+    const int cols_left = params_.n - col0;
+    const int64_t row_stride = params_.n;
+    ElementD* const thread_base = params_.ptr_d + row0 * row_stride + col0;
+
+    cutlass::NumericArrayConverter<ElementD, float, 2, cutlass::FloatRoundStyle::round_to_nearest>
+        convert;
+    CUTLASS_PRAGMA_UNROLL
+    for (int mma_m = 0; mma_m < size<1>(accumulators); ++mma_m) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int row = 0; row < 2; ++row) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int mma_n = 0; mma_n < size<2>(accumulators); ++mma_n) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int block = 0; block < kBlocks; ++block) {
+            if (!Pairs::template IsGate<kBlocks>(block, mma_n)) continue;
+            const int up_block = Pairs::template UpBlock<kBlocks>(block, mma_n);
+            const int up_mma_n = Pairs::template UpMmaN<kBlocks>(block, mma_n);
+            auto gate0 = make_coord(make_coord(0, row, block), mma_m, mma_n);
+            auto gate1 = make_coord(make_coord(1, row, block), mma_m, mma_n);
+            auto up0 = make_coord(make_coord(0, row, up_block), mma_m, up_mma_n);
+            auto up1 = make_coord(make_coord(1, row, up_block), mma_m, up_mma_n);
+
+            auto coord = tAcc_coord(gate0);
+            const int dm = get<0>(coord) - m0;                       // compile-time
+            const int dn = Pairs::OutputColumn(get<1>(coord) - p0);  // compile-time
+            if (dm >= rows_left || dn >= cols_left) continue;  // n is even: n + 1 is inside too
+
+            cutlass::Array<float, 2> value;
+            value[0] = Pairs::template Combine<0>(accumulators(gate0), accumulators(up0));
+            value[1] = Pairs::template Combine<1>(accumulators(gate1), accumulators(up1));
+            cutlass::Array<ElementD, 2> rounded = convert(value);
+            *reinterpret_cast<uint32_t*>(thread_base + dm * row_stride + dn) =
+                reinterpret_cast<uint32_t const&>(rounded);
+          }
+        }
+      }
+    }
+  }
+
+ public:
 
  private:
   Params const& params_;
