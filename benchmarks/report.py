@@ -219,6 +219,7 @@ def _config_text(c) -> str:
     return (f"{c['schedule']} {c['tile_m']}x{c['tile_n']}x{c['tile_k']} "
             f"cluster {c['cluster_m']}x{c['cluster_n']}"
             + (" stream-K" if c.get("scheduler") == "stream-k" else "")
+            + (" direct store" if c.get("store") == "direct" else "")
             + (f" silu-tail {c['silu_tail']}" if c.get("silu_tail") else ""))  # experiment rows
 
 

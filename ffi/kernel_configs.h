@@ -16,8 +16,9 @@
 //   tiles along K and add their partial sums in a workspace, so the last wave is not
 //   ragged: for problems of a few waves, e.g. M <= 128 on a wide N).
 //   store: TmaStore (the output tile goes registers -> shared memory -> one TMA store) or
-//   DirectStore (registers -> global memory, 4 bytes per store: no shared-memory tile, so
-//   the mainloop may hold one more stage where the tile would not leave room for it).
+//   DirectStore (registers -> global memory, 4 bytes per store, no shared-memory tile):
+//   config 6's pingpong tiles run 1-5% faster so (2026-11-29-calibration-direct-store*.md);
+//   the cooperative and 128x128 pingpong tiles were level or slower, and keep TMA stores.
 //   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
 #define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)                          \
   X(0, Cooperative, 128, 256, 64, 2, 1, Persistent, TmaStore)      \
@@ -26,16 +27,13 @@
   X(3, Cooperative, 128, 128, 64, 1, 1, Persistent, TmaStore)      \
   X(4, Pingpong, 64, 128, 64, 1, 1, Persistent, TmaStore)          \
   X(5, Cooperative, 128, 128, 64, 1, 1, StreamK, TmaStore)         \
-  X(6, Pingpong, 128, 192, 64, 2, 1, Persistent, TmaStore)         \
+  X(6, Pingpong, 128, 192, 64, 2, 1, Persistent, DirectStore)      \
   X(7, Cooperative, 256, 192, 64, 2, 1, Persistent, TmaStore)      \
   X(8, Cooperative, 128, 320, 64, 1, 1, Persistent, TmaStore)      \
-  X(9, Cooperative, 128, 192, 64, 1, 1, Persistent, TmaStore)      \
-  X(10, Cooperative, 256, 192, 64, 2, 1, Persistent, DirectStore)  \
-  X(11, Pingpong, 128, 128, 64, 2, 1, Persistent, DirectStore)     \
-  X(12, Pingpong, 128, 192, 64, 2, 1, Persistent, DirectStore)
+  X(9, Cooperative, 128, 192, 64, 1, 1, Persistent, TmaStore)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 13
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 10
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the

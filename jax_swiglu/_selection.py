@@ -75,6 +75,11 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #       2, 3, 5 at M = 128: slower everywhere);
 #   2026-11-29-calibration-192-wide-no-cluster.md  128x192 tiles without a cluster (pingpong and
 #       cooperative, the latter now config 9) against 1, 2, 3, 6 at M = 128 and 512, 0.5B..7B;
+#   2026-11-29-calibration-direct-store.md  (-m512-m2048.md) configs 1, 6, 7 against twins that
+#       store straight from registers, 0.5B..14B at M = 512, 2048, 8192: config 6 kept the
+#       direct store;
+#   2026-11-29-calibration-small-k-swizzle.md  (-m2048.md) swizzle 2/4/8 of configs 1, 6, 7 on
+#       0.5B..3B: slower or level everywhere;
 #   2026-11-29-calibration-tile-order-rounds.md  swizzle 1/4/8 of config 0, 7B..72B, M = 8192,
 #       timed in interleaved rounds. (An earlier run, -calibration-tile-order.md, timed each
 #       launch in one block and had favoured swizzling by 5-7%: clock drift, not reuse.)
@@ -134,6 +139,10 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "M <= 512, N > 18944 (32B, 72B): 128x256 tiles with a 2x1 cluster (M=512: 72B 621.2 "
          "vs 642.4 us for config 7 and 642.4 for config 1; 32B 385.4 vs 403.5 for config 7, "
          "377.8 for config 6)"),
+    Rule(2048, "interleaved", 6,
+         "1024 < M <= 2048, 8960 < N <= 11008 (3B): pingpong 128x192 tiles storing straight "
+         "from registers (M=2048: 226.5 vs 232.7 us for config 1 and 229.9 for the same tiles "
+         "through a shared-memory tile and TMA store)", min_m=1024, min_n=8960, max_n=11008),
     Rule(2048, "interleaved", 1,
          "M <= 2048, N <= 11008: pingpong 128x128 tiles, as above (M=1024: 1.5B 82.5 vs "
          "90.1 us for config 2, and config 0 measured 88.1 in another run; M=2048: 1.5B "
@@ -146,8 +155,10 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "339.6 for config 7; 72B 1242.0 vs 1206.1 for config 0)"),
     Rule(None, "interleaved", 6,
          "M > 2048, N <= 8960 (0.5B, 1.5B; K = 896 and 1536): pingpong 128x192 tiles with a 2x1 "
-         "cluster, the most work per tile a pingpong warpgroup holds (M=8192: 0.5B 196.2 vs "
-         "198.4 us for config 1, 1.5B 581.5 vs 582.6 for config 0 and 589.3 for config 7)",
+         "cluster, the most work per tile a pingpong warpgroup holds, storing straight from "
+         "registers (M=8192: 0.5B 184.1 vs 193.9 us through shared memory and a TMA store, "
+         "207.0 for config 7; 1.5B 560.6 vs 569.8 and 579.9; before the direct store: 0.5B "
+         "196.2 vs 198.4 for config 1, 1.5B 581.5 vs 582.6 for config 0)",
          max_n=8960),
     Rule(None, "interleaved", 7,
          "256x192 tiles with a 2x1 cluster sharing each weight tile: 128x192 per warpgroup, "

@@ -78,7 +78,9 @@ def test_measured_choices():
     assert pick(128, "qwen2.5-3b") == ("interleaved", 9, 1)
     assert pick(128, "qwen2.5-14b") == ("interleaved", 2, 1)
     assert pick(512, "qwen2.5-32b") == ("interleaved", 0, 1)
-    assert pick(2048, "qwen2.5-3b") == ("interleaved", 1, 1)
+    assert pick(2048, "qwen2.5-3b") == ("interleaved", 6, 1)  # 128x192, direct store
+    assert pick(1024, "qwen2.5-3b") == ("interleaved", 1, 1)  # measured at M = 2048 only
+    assert pick(2048, "qwen2.5-1.5b") == ("interleaved", 1, 1)
     assert pick(8192, "qwen2.5-0.5b") == ("interleaved", 6, 1)  # pingpong 128x192 2x1
     assert pick(8192, "qwen2.5-1.5b") == ("interleaved", 6, 1)
     assert pick(8192, "qwen2.5-3b") == ("interleaved", 7, 1)  # cooperative 256x192 2x1
@@ -196,6 +198,17 @@ def test_forced_launch_knob(monkeypatch):
         jax.clear_caches()
         with pytest.raises(ValueError, match=_selection.CONFIG_ENV_VAR):
             cuda_hlo(swiglu, _x(4096), packed)
+
+
+def test_output_store_paths_are_reported():
+    """Each compiled config names its output path; only config 6 stores from registers."""
+    configs = jax_swiglu.kernel_configs()
+    for kernel, table in configs.items():
+        for config in table.values():
+            assert config.store in ("tma", "direct")
+            assert ("direct store" in config.describe()) == (config.store == "direct")
+    assert [c.id for c in configs["interleaved"].values() if c.store == "direct"] == [6]
+    assert configs["pingpong"][0].store == "tma"
 
 
 def test_stream_k_config_gets_a_workspace_result():
