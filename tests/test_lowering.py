@@ -79,7 +79,8 @@ def test_measured_choices():
     assert pick(128, "qwen2.5-14b") == ("interleaved", 2, 1)
     assert pick(512, "qwen2.5-32b") == ("interleaved", 0, 1)
     assert pick(2048, "qwen2.5-3b") == ("interleaved", 6, 1)  # 128x192, direct store
-    assert pick(1024, "qwen2.5-3b") == ("interleaved", 1, 1)  # measured at M = 2048 only
+    assert pick(1024, "qwen2.5-3b") == ("interleaved", 1, 1)  # measured at M >= 2048 only
+    assert pick(4096, "qwen2.5-3b") == ("interleaved", 6, 1)
     assert pick(2048, "qwen2.5-1.5b") == ("interleaved", 1, 1)
     assert pick(8192, "qwen2.5-0.5b") == ("interleaved", 6, 1)  # pingpong 128x192 2x1
     assert pick(8192, "qwen2.5-1.5b") == ("interleaved", 6, 1)
