@@ -17,7 +17,8 @@
 //   ragged: for problems of a few waves, e.g. M <= 128 on a wide N).
 //   store: TmaStore (the output tile goes registers -> shared memory -> one TMA store) or
 //   DirectStore (registers -> global memory, 4 bytes per store, no shared-memory tile):
-//   config 6's pingpong tiles run 1-5% faster so (2026-11-29-calibration-direct-store*.md);
+//   config 6's pingpong tiles run 1-5% faster so on 10 of 11 rows, level on the 11th
+//   (2026-11-29-calibration-direct-store*.md);
 //   the cooperative and 128x128 pingpong tiles were level or slower, and keep TMA stores.
 //   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
 #define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)                          \
