@@ -375,6 +375,28 @@ class SwiGluEpilogue {
   }
 
  private:
+  // One output pair, for both store paths: the gate accumulators (0 | 1, row, block) of
+  // atom (mma_m, mma_n) and their up partners (where `Pairs` puts them), combined in fp32
+  // and rounded once into one 4-byte word, output columns n and n + 1 (n even).
+  template <int kBlocks, class AccEngine, class AccLayout>
+  CUTLASS_DEVICE static uint32_t RoundedPair(cute::Tensor<AccEngine, AccLayout> const& accumulators,
+                                             int row, int block, int mma_m, int mma_n) {
+    using cute::make_coord;
+    const int up_block = Pairs::template UpBlock<kBlocks>(block, mma_n);
+    const int up_mma_n = Pairs::template UpMmaN<kBlocks>(block, mma_n);
+    auto gate0 = make_coord(make_coord(0, row, block), mma_m, mma_n);
+    auto gate1 = make_coord(make_coord(1, row, block), mma_m, mma_n);
+    auto up0 = make_coord(make_coord(0, row, up_block), mma_m, up_mma_n);
+    auto up1 = make_coord(make_coord(1, row, up_block), mma_m, up_mma_n);
+    cutlass::Array<float, 2> value;
+    value[0] = Pairs::template Combine<0>(accumulators(gate0), accumulators(up0));
+    value[1] = Pairs::template Combine<1>(accumulators(gate1), accumulators(up1));
+    cutlass::NumericArrayConverter<ElementD, float, 2, cutlass::FloatRoundStyle::round_to_nearest>
+        convert;
+    cutlass::Array<ElementD, 2> rounded = convert(value);
+    return reinterpret_cast<uint32_t const&>(rounded);
+  }
+
   template <int kBlocks, class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL,
             class AccEngine, class AccLayout, class TiledMma>
   CUTLASS_DEVICE void StoreViaSharedMemory(ProblemShapeMNKL problem_shape_mnkl,
@@ -419,8 +441,6 @@ class SwiGluEpilogue {
     const uint32_t thread_base = cute::cast_smem_ptr_to_uint(shared_tensors.smem_d.begin()) +
                                  sizeof(ElementD) * LinearOffset(m0, p0);
 
-    cutlass::NumericArrayConverter<ElementD, float, 2, cutlass::FloatRoundStyle::round_to_nearest>
-        convert;
     CUTLASS_PRAGMA_UNROLL
     for (int mma_n = 0; mma_n < size<2>(accumulators); ++mma_n) {
       CUTLASS_PRAGMA_UNROLL
@@ -430,29 +450,17 @@ class SwiGluEpilogue {
           CUTLASS_PRAGMA_UNROLL
           for (int block = 0; block < kBlocks; ++block) {
             if (!Pairs::template IsGate<kBlocks>(block, mma_n)) continue;
-            const int up_block = Pairs::template UpBlock<kBlocks>(block, mma_n);
-            const int up_mma_n = Pairs::template UpMmaN<kBlocks>(block, mma_n);
-            auto gate0 = make_coord(make_coord(0, row, block), mma_m, mma_n);
-            auto gate1 = make_coord(make_coord(1, row, block), mma_m, mma_n);
-            auto up0 = make_coord(make_coord(0, row, up_block), mma_m, up_mma_n);
-            auto up1 = make_coord(make_coord(1, row, up_block), mma_m, up_mma_n);
-
-            cutlass::Array<float, 2> value;
-            value[0] = Pairs::template Combine<0>(accumulators(gate0), accumulators(up0));
-            value[1] = Pairs::template Combine<1>(accumulators(gate1), accumulators(up1));
-            cutlass::Array<ElementD, 2> rounded = convert(value);
+            const uint32_t rounded = RoundedPair<kBlocks>(accumulators, row, block, mma_m, mma_n);
 
             // Output columns n and n + 1 (n even) share one 4-byte word under the swizzle.
-            auto coord = tAcc_coord(gate0);
+            auto coord = tAcc_coord(make_coord(make_coord(0, row, block), mma_m, mma_n));
             const int dm = get<0>(coord) - m0;                        // compile-time
             const int dn = Pairs::OutputColumn(get<1>(coord) - p0);   // compile-time
             const uint32_t address =
                 thread_base + sizeof(ElementD) * (LinearOffset(dm, dn) ^ swizzle_xor);
             // No "memory" clobber needed: the fence and barrier after the loop are volatile
             // asm too, so the stores stay before them.
-            asm volatile("st.shared.b32 [%0], %1;"
-                         :
-                         : "r"(address), "r"(reinterpret_cast<uint32_t const&>(rounded)));
+            asm volatile("st.shared.b32 [%0], %1;" : : "r"(address), "r"(rounded));
           }
         }
       }
@@ -511,8 +519,6 @@ class SwiGluEpilogue {
     const int64_t row_stride = params_.n;
     ElementD* const thread_base = params_.ptr_d + row0 * row_stride + col0;
 
-    cutlass::NumericArrayConverter<ElementD, float, 2, cutlass::FloatRoundStyle::round_to_nearest>
-        convert;
     CUTLASS_PRAGMA_UNROLL
     for (int mma_m = 0; mma_m < size<1>(accumulators); ++mma_m) {
       CUTLASS_PRAGMA_UNROLL
@@ -522,24 +528,12 @@ class SwiGluEpilogue {
           CUTLASS_PRAGMA_UNROLL
           for (int block = 0; block < kBlocks; ++block) {
             if (!Pairs::template IsGate<kBlocks>(block, mma_n)) continue;
-            const int up_block = Pairs::template UpBlock<kBlocks>(block, mma_n);
-            const int up_mma_n = Pairs::template UpMmaN<kBlocks>(block, mma_n);
-            auto gate0 = make_coord(make_coord(0, row, block), mma_m, mma_n);
-            auto gate1 = make_coord(make_coord(1, row, block), mma_m, mma_n);
-            auto up0 = make_coord(make_coord(0, row, up_block), mma_m, up_mma_n);
-            auto up1 = make_coord(make_coord(1, row, up_block), mma_m, up_mma_n);
-
-            auto coord = tAcc_coord(gate0);
+            auto coord = tAcc_coord(make_coord(make_coord(0, row, block), mma_m, mma_n));
             const int dm = get<0>(coord) - m0;                       // compile-time
             const int dn = Pairs::OutputColumn(get<1>(coord) - p0);  // compile-time
             if (dm >= rows_left || dn >= cols_left) continue;  // n is even: n + 1 is inside too
-
-            cutlass::Array<float, 2> value;
-            value[0] = Pairs::template Combine<0>(accumulators(gate0), accumulators(up0));
-            value[1] = Pairs::template Combine<1>(accumulators(gate1), accumulators(up1));
-            cutlass::Array<ElementD, 2> rounded = convert(value);
             *reinterpret_cast<uint32_t*>(thread_base + dm * row_stride + dn) =
-                reinterpret_cast<uint32_t const&>(rounded);
+                RoundedPair<kBlocks>(accumulators, row, block, mma_m, mma_n);
           }
         }
       }
