@@ -22,6 +22,9 @@
 #      --launches): one call each of the bare GEMM and fused launches, clocks left alone;
 #      ncu.txt holds the report's details page, ncu-raw.csv every metric collected; NCU_EXTRA
 #      adds ncu options (e.g. --section SourceCounters, then ncu-source.csv.gz per instruction).
+#  12. with TRACE=1, benchmarks/gemm_probe/trace.sh (TRACED: the variants; TRACE_ARGS: the
+#      rows model:M): per-tile timelines of the pingpong configs, in SM clock cycles
+#      (trace.md, trace.json, trace.csv.gz).
 # TESTS=0 skips step 3; TEST_TIMEOUT (seconds, default 1800) bounds it, so a hung kernel
 # still leaves the later steps time to run.
 # Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
@@ -128,6 +131,14 @@ if [ "${GEMM_PROBE:-0}" = 1 ]; then
   echo "== gemm probe: ${GEMM_PROBE_ARGS:-}" | tee -a "$SUMMARY"
   # shellcheck disable=SC2086
   OUT="$OUT" PYTHON="$PY" bash benchmarks/gemm_probe/run.sh ${GEMM_PROBE_ARGS:-} 2>&1 | tail -30 \
+    | tee -a "$SUMMARY"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ "${TRACE:-0}" = 1 ]; then
+  echo "== trace: ${TRACED:-6 6:skip} on ${TRACE_ARGS:-}" | tee -a "$SUMMARY"
+  # shellcheck disable=SC2086
+  OUT="$OUT" PYTHON="$PY" bash benchmarks/gemm_probe/trace.sh ${TRACE_ARGS:-} 2>&1 | tail -30 \
     | tee -a "$SUMMARY"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi

@@ -316,3 +316,55 @@ def test_profile_script_brackets_one_call_per_launch(monkeypatch, capsys):
     assert seen == [(None, None), (None, None), ("interleaved", "1,swizzle=2")]
     assert _selection.ENV_VAR not in os.environ and _selection.CONFIG_ENV_VAR not in os.environ
     assert capsys.readouterr().out.count("profiling qwen2.5-0.5b M=16") == 3
+
+
+def _trace_report():
+    sys.path.insert(0, str(REPO / "benchmarks" / "gemm_probe"))
+    import trace_report
+    return trace_report
+
+
+def test_trace_report_reads_the_config_table():
+    """The tile-timeline report's tiles are ffi/kernel_configs.h's, as the extension compiled."""
+    tiles = _trace_report().interleaved_tiles()
+    assert tiles[1] == ("Pingpong", 128, 128, "TmaStore")
+    assert tiles[6] == ("Pingpong", 128, 192, "DirectStore")
+    from jax_swiglu import _native
+    compiled = _native.kernel_configs().get("interleaved")
+    if not compiled:
+        pytest.skip(_native.unavailable_reason() or "no interleaved configs compiled")
+    assert {i: (c.schedule.capitalize(), c.tile_m, c.tile_n,
+                "DirectStore" if c.store == "direct" else "TmaStore")
+            for i, c in compiled.items()} == tiles
+
+
+def test_trace_report_periods_and_hand_offs(tmp_path):
+    """Two math warpgroups taking turns: period, issue, hand-off, drain, store are read off
+    the slots as traced_kernel.cuh writes them."""
+    trace_report = _trace_report()
+    path = tmp_path / "trace.csv"
+    header = "config,variant,model,m,k,n,us,cublas_us,cta,role,tile," + ",".join(
+        f"s{i}" for i in range(13))
+    lines = [header]
+    for cta in range(2):
+        start = 1000
+        for tile in range(8):  # alternating warpgroups: period 10,000 = issue 9,500 + 500
+            e0 = start + 10_000 * tile
+            slots = [e0, e0 + 9_500, e0 + 10_200, e0 + 10_300, e0 + 12_300, e0 + 12_400, 0, cta,
+                     0, 0, 0, 0, 0]
+            lines.append(f"6,as-built,qwen2.5-0.5b,8192,896,4864,190.0,180.0,{cta},{tile % 2},"
+                         f"{tile // 2}," + ",".join(map(str, slots)))
+            loads = [e0 - 3_000, e0 - 100] + [0] * 5 + [cta] + [0] * 5
+            lines.append(f"6,as-built,qwen2.5-0.5b,8192,896,4864,190.0,180.0,{cta},2,{tile},"
+                         + ",".join(map(str, loads)))
+    path.write_text("\n".join(lines) + "\n")
+    table = trace_report.summarize(trace_report.read(path), trace_report.interleaved_tiles())
+    row = table.splitlines()[2].split("|")[1:-1]
+    cells = dict(zip([h.strip() for h in table.splitlines()[0].split("|")[1:-1]],
+                     [c.strip() for c in row]))
+    assert cells["config"] == "6 (Pingpong 128x192)" and cells["epilogue"] == "DirectStore"
+    assert cells["ideal"] == "10,752"  # 2 * 128 * 192 * 896 / 4096
+    assert cells["period"] == "10,000" and cells["issue"] == "9,500"
+    assert cells["hand-off"] == "500" and cells["drain"] == "700"
+    assert cells["store"] == "2,000" and cells["producer per tile"] == "10,000"
+    assert cells["tiles/CTA max"] == "8"

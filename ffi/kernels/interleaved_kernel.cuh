@@ -47,7 +47,10 @@ struct TileSchedulerFor<TileScheduler::StreamK> {
   using type = cutlass::gemm::StreamKScheduler;
 };
 
-template <int ConfigId, class ElementTag>
+// kStore: the config's own output path unless a probe asks for the other one
+// (benchmarks/gemm_probe/traced_kernel.cuh).
+template <int ConfigId, class ElementTag,
+          OutputStore kStore = kInterleavedConfigs[ConfigId].store>
 struct InterleavedKernel {
   static constexpr KernelConfig kConfig = kInterleavedConfigs[ConfigId];
   using Element = typename CutlassElement<ElementTag>::type;
@@ -60,7 +63,7 @@ struct InterleavedKernel {
   // for pingpong (swiglu_epilogue.cuh, Silu).
   using Epilogue =
       SwiGluEpilogue<Element, TileShape,
-                     InterleavedPairs<kConfig.schedule == Schedule::Cooperative>, kConfig.store>;
+                     InterleavedPairs<kConfig.schedule == Schedule::Cooperative>, kStore>;
 
   // A = x [M, K] (K contiguous), B = packed [K, 2N] (packed N contiguous), fp32 accumulate.
   static constexpr int kAlignment = 16 / sizeof(Element);

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Builds and runs the tile-timeline probe (trace.cu, traced_kernel.cuh) on an SM90 GPU, then
+# summarizes it (trace_report.py). Arguments: rows model:M. TRACED: the variants, each
+#   CONFIG              as built (CUTLASS's k-loop; clock reads around its calls only),
+#   CONFIG:other-store  the other output path (TMA store <-> direct store),
+#   CONFIG:skip         an epilogue that only sums its accumulators,
+#   CONFIG:stepped1/2   the probe's own k-loop, 1 or 2 k-tiles of wgmmas in flight,
+#   CONFIG:early2/3     its k-loop leaving the last 1 or 2 k-tiles unwaited,
+#   CONFIG:spin1        stepped1 polling the stage barriers instead of sleeping on them
+# (traced_kernel.cuh says what each records). Writes $OUT/trace.csv.gz (every event),
+# $OUT/trace-steps.csv.gz (per k-tile times of sampled tiles), $OUT/trace.md + trace.json
+# (per row and variant: per-tile times in cycles); with SASS=1 also the kernels' machine
+# code ($OUT/trace-sass.txt.gz).
+#   OUT=dir TRACED="6 6:other-store 6:skip" bash benchmarks/gemm_probe/trace.sh qwen2.5-0.5b:2048
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/trace_out}
+BUILD=${BUILD:-$(mktemp -d)}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT" "$BUILD"
+
+CUTLASS_INCLUDE=$("$PY" -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))")
+NVIDIA_DIRS=$("$PY" -c "import nvidia; print(' '.join(nvidia.__path__))" 2>/dev/null || true)
+find_first() {
+  find /usr/local/cuda/include /usr/local/cuda/lib64 $NVIDIA_DIRS -name "$1" -print -quit \
+    2>/dev/null || true
+}
+CUBLAS_HEADER=$(find_first cublas_v2.h)
+CUBLAS_LIBRARY=$(find_first 'libcublas.so*')
+[ -n "$CUBLAS_HEADER" ] && [ -n "$CUBLAS_LIBRARY" ] || { echo "cuBLAS not found"; exit 1; }
+
+FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr
+       -Xcudafe=--diag_suppress=esa_on_defaulted_function_ignored
+       -I ffi -I benchmarks/gemm_probe -isystem "$CUTLASS_INCLUDE" -I "$(dirname "$CUBLAS_HEADER")")
+TRACED=${TRACED:-6 6:skip}
+units=() pairs=() matches=()
+for variant in $TRACED; do
+  config=${variant%%:*}
+  case "${variant#"$config"}" in
+    "") epilogue=AsBuilt ;;
+    :other-store) epilogue=OtherStore ;;
+    :skip) epilogue=Skip ;;
+    :stepped1) epilogue=Stepped1 ;;
+    :stepped2) epilogue=Stepped2 ;;
+    :early2) epilogue=Early2 ;;
+    :early3) epilogue=Early3 ;;
+    :spin1) epilogue=Spin1 ;;
+    *) echo "unknown variant $variant"; exit 2 ;;
+  esac
+  unit="traced${config}_${epilogue}"
+  epilogue="gemm_probe::TraceEpilogue::$epilogue"
+  printf '#include "traced_instance.cuh"\ntemplate std::string gemm_probe::LaunchTraced<%d, %s>(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&, unsigned long long*, unsigned long long*, cudaStream_t);\n' \
+    "$config" "$epilogue" > "$BUILD/$unit.cu"
+  units+=("$unit")
+  pairs+=("{$config, $epilogue}")
+  matches+=("GEMM_PROBE_MATCH($config, $epilogue)")
+done
+cp benchmarks/gemm_probe/trace.cu "$BUILD/trace.cu"
+{
+  echo "#define GEMM_PROBE_TRACED $(IFS=,; echo "${pairs[*]}")"
+  echo "#define GEMM_PROBE_TRACED_MATCHES ${matches[*]}"
+} > "$BUILD/trace_ids.h"
+units+=(trace)
+pids=()
+for unit in "${units[@]}"; do
+  nvcc "${FLAGS[@]}" -c "$BUILD/$unit.cu" -o "$BUILD/$unit.o" > "$BUILD/$unit.log" 2>&1 &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || { tail -40 "$BUILD"/*.log; exit 1; }; done
+nvcc -gencode=arch=compute_90a,code=sm_90a "$BUILD"/*.o -o "$BUILD/trace" \
+  -L"$(dirname "$CUBLAS_LIBRARY")" -l:"$(basename "$CUBLAS_LIBRARY")" \
+  -Xlinker -rpath -Xlinker "$(dirname "$CUBLAS_LIBRARY")"
+if [ "${SASS:-0}" = 1 ]; then  # the traced kernels' machine code, for reading the k-loop
+  cuobjdump -sass "$BUILD/trace" | gzip > "$OUT/trace-sass.txt.gz"
+fi
+"$BUILD/trace" "$OUT/trace.csv" "$OUT/trace-steps.csv" "$@"
+"$PY" benchmarks/gemm_probe/trace_report.py "$OUT/trace.csv" "$OUT/trace-steps.csv" \
+  --json "$OUT/trace.json" | tee "$OUT/trace.md"
+gzip -f "$OUT/trace.csv" "$OUT/trace-steps.csv"
