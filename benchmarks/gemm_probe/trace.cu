@@ -2,7 +2,7 @@
 // with cuBLAS's bare GEMM [M, K] x [K, 2N] timed alongside for scale.
 //
 // Usage: trace OUT.csv STEPS.csv ROW...   ROW = model:M (e.g. qwen2.5-0.5b:2048). The traced configs
-// and variants are compiled in: GEMM_PROBE_TRACED, a list of (config, TraceEpilogue)
+// and variants are compiled in: GEMM_PROBE_TRACED, a list of (config, TraceVariant)
 // pairs (trace.sh writes it). Per row and variant: the median time per launch of kRounds
 // blocks of kReps launches on weights rotated through more than the L2 (CUDA events,
 // nothing recorded), then one recorded launch; its events go to OUT.csv, one line per
@@ -26,8 +26,8 @@
 #include "trace_ids.h"
 #endif
 #ifndef GEMM_PROBE_TRACED
-#define GEMM_PROBE_TRACED {6, gemm_probe::TraceEpilogue::AsBuilt}
-#define GEMM_PROBE_TRACED_MATCHES GEMM_PROBE_MATCH(6, gemm_probe::TraceEpilogue::AsBuilt)
+#define GEMM_PROBE_TRACED {6, gemm_probe::TraceVariant::AsBuilt}
+#define GEMM_PROBE_TRACED_MATCHES GEMM_PROBE_MATCH(6, gemm_probe::TraceVariant::AsBuilt)
 #endif
 
 #define CHECK_CUDA(call)                                                              \
@@ -57,19 +57,19 @@ constexpr Model kModels[] = {{"qwen2.5-0.5b", 896, 4864},   {"qwen2.5-1.5b", 153
 
 struct Variant {
   int config;
-  gemm_probe::TraceEpilogue epilogue;
+  gemm_probe::TraceVariant kind;
 };
 
-const char* VariantName(gemm_probe::TraceEpilogue epilogue) {
-  switch (epilogue) {
-    case gemm_probe::TraceEpilogue::AsBuilt: return "as-built";
-    case gemm_probe::TraceEpilogue::OtherStore: return "other-store";
-    case gemm_probe::TraceEpilogue::Skip: return "skip";
-    case gemm_probe::TraceEpilogue::Stepped1: return "stepped1";
-    case gemm_probe::TraceEpilogue::Stepped2: return "stepped2";
-    case gemm_probe::TraceEpilogue::Early2: return "early2";
-    case gemm_probe::TraceEpilogue::Early3: return "early3";
-    case gemm_probe::TraceEpilogue::Spin1: return "spin1";
+const char* VariantName(gemm_probe::TraceVariant kind) {
+  switch (kind) {
+    case gemm_probe::TraceVariant::AsBuilt: return "as-built";
+    case gemm_probe::TraceVariant::OtherStore: return "other-store";
+    case gemm_probe::TraceVariant::Skip: return "skip";
+    case gemm_probe::TraceVariant::Stepped1: return "stepped1";
+    case gemm_probe::TraceVariant::Stepped2: return "stepped2";
+    case gemm_probe::TraceVariant::Early2: return "early2";
+    case gemm_probe::TraceVariant::Early3: return "early3";
+    case gemm_probe::TraceVariant::Spin1: return "spin1";
   }
   return "?";
 }
@@ -78,7 +78,7 @@ using TracedLauncher = std::string (*)(const jax_swiglu::SwigluProblem&,
                                        const jax_swiglu::DeviceFacts&, unsigned long long*,
                                        unsigned long long*, cudaStream_t);
 
-template <int Config, gemm_probe::TraceEpilogue Epilogue>
+template <int Config, gemm_probe::TraceVariant Epilogue>
 constexpr TracedLauncher kLaunch = &gemm_probe::LaunchTraced<Config, Epilogue>;
 
 // Uniform in [-1, 1) from a hash of the index, as bf16 bits (as probe.cu).
@@ -134,16 +134,16 @@ int main(int argc, char** argv) {
   }
   std::vector<Compiled> compiled;
   {
-    // GEMM_PROBE_TRACED is a list of {config, epilogue} pairs; each names a compiled launcher.
+    // GEMM_PROBE_TRACED is a list of {config, variant} pairs; each names a compiled launcher.
     const Variant variants[] = {GEMM_PROBE_TRACED};
     for (const Variant& v : variants) {
       TracedLauncher launch = nullptr;
 #define GEMM_PROBE_MATCH(c, e) \
-  if (v.config == c && v.epilogue == e) launch = kLaunch<c, e>;
+  if (v.config == c && v.kind == e) launch = kLaunch<c, e>;
       GEMM_PROBE_TRACED_MATCHES
 #undef GEMM_PROBE_MATCH
       if (!launch) {
-        std::fprintf(stderr, "config %d (%s) not compiled\n", v.config, VariantName(v.epilogue));
+        std::fprintf(stderr, "config %d (%s) not compiled\n", v.config, VariantName(v.kind));
         return 2;
       }
       compiled.push_back({v, launch});
@@ -288,10 +288,10 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaStreamSynchronize(stream));
       std::printf("%s M=%d config %d (%s): %.1f us (cuBLAS %.1f), output elements differing "
                   "from the first variant's: %llu%s\n",
-                  model->name, m, c.variant.config, VariantName(c.variant.epilogue), us,
+                  model->name, m, c.variant.config, VariantName(c.variant.kind), us,
                   cublas_us, host_different,
-                  c.variant.epilogue == gemm_probe::TraceEpilogue::OtherStore ||
-                          c.variant.epilogue == gemm_probe::TraceEpilogue::Skip
+                  c.variant.kind == gemm_probe::TraceVariant::OtherStore ||
+                          c.variant.kind == gemm_probe::TraceVariant::Skip
                       ? " (expected: this variant writes differently or nothing)"
                       : "");
       std::fflush(stdout);
@@ -303,7 +303,7 @@ int main(int argc, char** argv) {
                        tile) * gemm_probe::kTraceSlots];
             if (slots[0] == 0) continue;
             std::fprintf(csv, "%d,%s,%s,%d,%d,%d,%.2f,%.2f,%d,%d,%d", c.variant.config,
-                         VariantName(c.variant.epilogue), model->name, m, k, n, us, cublas_us, cta, role,
+                         VariantName(c.variant.kind), model->name, m, k, n, us, cublas_us, cta, role,
                          tile);
             for (int s = 0; s < gemm_probe::kTraceSlots; ++s)
               std::fprintf(csv, ",%llu", slots[s]);
@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
                 &host_steps[((size_t(cta) * 2 + role) * gemm_probe::kStepMaxKTiles + k_tile) * 2];
             if (slots[0] == 0) continue;
             std::fprintf(steps_csv, "%d,%s,%s,%d,%d,%d,%d,%llu,%llu\n", c.variant.config,
-                         VariantName(c.variant.epilogue), model->name, m, cta, role, k_tile,
+                         VariantName(c.variant.kind), model->name, m, cta, role, k_tile,
                          slots[0], slots[1]);
           }
     }

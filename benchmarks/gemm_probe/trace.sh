@@ -37,23 +37,23 @@ units=() pairs=() matches=()
 for variant in $TRACED; do
   config=${variant%%:*}
   case "${variant#"$config"}" in
-    "") epilogue=AsBuilt ;;
-    :other-store) epilogue=OtherStore ;;
-    :skip) epilogue=Skip ;;
-    :stepped1) epilogue=Stepped1 ;;
-    :stepped2) epilogue=Stepped2 ;;
-    :early2) epilogue=Early2 ;;
-    :early3) epilogue=Early3 ;;
-    :spin1) epilogue=Spin1 ;;
+    "") kind=AsBuilt ;;
+    :other-store) kind=OtherStore ;;
+    :skip) kind=Skip ;;
+    :stepped1) kind=Stepped1 ;;
+    :stepped2) kind=Stepped2 ;;
+    :early2) kind=Early2 ;;
+    :early3) kind=Early3 ;;
+    :spin1) kind=Spin1 ;;
     *) echo "unknown variant $variant"; exit 2 ;;
   esac
-  unit="traced${config}_${epilogue}"
-  epilogue="gemm_probe::TraceEpilogue::$epilogue"
+  unit="traced${config}_${kind}"
+  kind="gemm_probe::TraceVariant::$kind"
   printf '#include "traced_instance.cuh"\ntemplate std::string gemm_probe::LaunchTraced<%d, %s>(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&, unsigned long long*, unsigned long long*, cudaStream_t);\n' \
-    "$config" "$epilogue" > "$BUILD/$unit.cu"
+    "$config" "$kind" > "$BUILD/$unit.cu"
   units+=("$unit")
-  pairs+=("{$config, $epilogue}")
-  matches+=("GEMM_PROBE_MATCH($config, $epilogue)")
+  pairs+=("{$config, $kind}")
+  matches+=("GEMM_PROBE_MATCH($config, $kind)")
 done
 cp benchmarks/gemm_probe/trace.cu "$BUILD/trace.cu"
 {

@@ -8,7 +8,7 @@
 
 namespace gemm_probe {
 
-template <int ConfigId, TraceEpilogue kVariant>
+template <int ConfigId, TraceVariant kVariant>
 std::string LaunchTraced(const jax_swiglu::SwigluProblem& p, const jax_swiglu::DeviceFacts& facts,
                          unsigned long long* trace, unsigned long long* steps,
                          cudaStream_t stream) {

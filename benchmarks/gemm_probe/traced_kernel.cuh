@@ -14,7 +14,7 @@
 //     k-loop) k-tile 0's wgmmas issued, done (0: the tile had <= kInFlight k-tiles), 12
 //     (probe's k-loop) k-tile 0's data wait began;
 //   producer: 0 load entry, 1 load exit (the tile's last TMA issued), 7 the SM id.
-// Variants (TraceEpilogue): the config as built; its epilogue with the other output path
+// Variants (TraceVariant): the config as built; its epilogue with the other output path
 // (TMA store <-> direct store, the mainloop's stages re-derived as for a config); Skip:
 // the epilogue only sums its accumulators (which keeps every wgmma live) and stores
 // nothing (how fast the mainloops run when the other warpgroup's epilogue costs next to
@@ -224,7 +224,23 @@ struct TracedMainloop : Base {
 // flight that leaves its last 1 or 2 k-tiles unwaited, so that it returns (and the other
 // warpgroup's mainloop starts) with 2 or 3 k-tiles of wgmmas still in flight; Spin1:
 // Stepped1 polling the stages' barriers instead of sleeping on them.
-enum class TraceEpilogue { AsBuilt, OtherStore, Skip, Stepped1, Stepped2, Early2, Early3, Spin1 };
+enum class TraceVariant { AsBuilt, OtherStore, Skip, Stepped1, Stepped2, Early2, Early3, Spin1 };
+
+// The k-loop a variant runs (TracedMainloop's parameters; in_flight 0: CUTLASS's own).
+struct KLoop {
+  int in_flight, exit_in_flight;
+  bool spin;
+};
+constexpr KLoop KLoopOf(TraceVariant variant) {
+  switch (variant) {
+    case TraceVariant::Stepped1: return {1, 1, false};
+    case TraceVariant::Stepped2: return {2, 2, false};
+    case TraceVariant::Early2: return {1, 2, false};
+    case TraceVariant::Early3: return {1, 3, false};
+    case TraceVariant::Spin1: return {1, 1, true};
+    default: return {0, 0, false};
+  }
+}
 
 template <class Base, bool kSkipEpilogue>
 struct TracedEpilogue : Base {
@@ -268,36 +284,26 @@ struct TracedEpilogue : Base {
   }
 };
 
-template <int ConfigId, TraceEpilogue kVariant>
+template <int ConfigId, TraceVariant kVariant>
 struct TracedInterleaved {
   static constexpr jax_swiglu::OutputStore kBuilt = jax_swiglu::kInterleavedConfigs[ConfigId].store;
   static constexpr jax_swiglu::OutputStore kStore =
-      kVariant != TraceEpilogue::OtherStore ? kBuilt
+      kVariant != TraceVariant::OtherStore ? kBuilt
       : kBuilt == jax_swiglu::OutputStore::TmaStore ? jax_swiglu::OutputStore::DirectStore
                                                     : jax_swiglu::OutputStore::TmaStore;
   using Assembly = jax_swiglu::InterleavedKernel<ConfigId, jax_swiglu::BF16, kStore>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<
       cute::Shape<int, int, int, int>,
-      TracedMainloop<typename Assembly::Mainloop,
-                     kVariant == TraceEpilogue::Stepped2                                 ? 2
-                     : kVariant == TraceEpilogue::Stepped1 || kVariant == TraceEpilogue::Early2 ||
-                             kVariant == TraceEpilogue::Early3 || kVariant == TraceEpilogue::Spin1
-                         ? 1
-                         : 0,
-                     kVariant == TraceEpilogue::Early2   ? 2
-                     : kVariant == TraceEpilogue::Early3 ? 3
-                     : kVariant == TraceEpilogue::Stepped2 ? 2
-                     : kVariant == TraceEpilogue::Stepped1 || kVariant == TraceEpilogue::Spin1 ? 1
-                                                                                              : 0,
-                     kVariant == TraceEpilogue::Spin1>,
-      TracedEpilogue<typename Assembly::Epilogue, kVariant == TraceEpilogue::Skip>,
+      TracedMainloop<typename Assembly::Mainloop, KLoopOf(kVariant).in_flight,
+                     KLoopOf(kVariant).exit_in_flight, KLoopOf(kVariant).spin>,
+      TracedEpilogue<typename Assembly::Epilogue, kVariant == TraceVariant::Skip>,
       typename jax_swiglu::TileSchedulerFor<Assembly::kConfig.scheduler>::type>;
 };
 
 // Launches the traced kernel, recording into `trace` (kTraceRoles * kTraceMaxTiles *
-// kTraceSlots values per CTA, or null) and `steps` (2 * kStepMaxKTiles * 2 per CTA, or null). Defined in one translation unit per config and
-// variant (traced_instance.cuh).
-template <int ConfigId, TraceEpilogue kVariant>
+// kTraceSlots values per CTA, or null) and `steps` (2 * kStepMaxKTiles * 2 per CTA, or
+// null). Defined in one translation unit per config and variant (traced_instance.cuh).
+template <int ConfigId, TraceVariant kVariant>
 std::string LaunchTraced(const jax_swiglu::SwigluProblem& p, const jax_swiglu::DeviceFacts& facts,
                          unsigned long long* trace, unsigned long long* steps,
                          cudaStream_t stream);
