@@ -13,21 +13,9 @@ BUILD=${BUILD:-$(mktemp -d)}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT" "$BUILD"
 
-CUTLASS_INCLUDE=$("$PY" -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))")
-NVIDIA_DIRS=$("$PY" -c "import nvidia; print(' '.join(nvidia.__path__))" 2>/dev/null || true)
-# The first file named $1 under the toolkit, then under the nvidia-* wheels.
-find_first() {
-  find /usr/local/cuda/include /usr/local/cuda/lib64 $NVIDIA_DIRS -name "$1" -print -quit \
-    2>/dev/null || true
-}
-CUBLAS_HEADER=$(find_first cublas_v2.h)
-CUBLAS_LIBRARY=$(find_first 'libcublas.so*')
-[ -n "$CUBLAS_HEADER" ] && [ -n "$CUBLAS_LIBRARY" ] || { echo "cuBLAS not found"; exit 1; }
+# shellcheck source=benchmarks/gemm_probe/build_env.sh
+. benchmarks/gemm_probe/build_env.sh
 echo "CUTLASS: $CUTLASS_INCLUDE; cuBLAS: $CUBLAS_HEADER, $CUBLAS_LIBRARY"
-
-FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr
-       -Xcudafe=--diag_suppress=esa_on_defaulted_function_ignored
-       -I ffi -I benchmarks/gemm_probe -isystem "$CUTLASS_INCLUDE" -I "$(dirname "$CUBLAS_HEADER")")
 # The interleaved configs (ffi/kernel_configs.h) to time as plain GEMMs and as fused kernels.
 PLAIN_IDS=${PLAIN_IDS:-0 1}
 FUSED_IDS=${FUSED_IDS:-0 1}
@@ -51,9 +39,7 @@ for unit in "${units[@]}"; do
   pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid" || { tail -40 "$BUILD"/*.log; exit 1; }; done
-nvcc -gencode=arch=compute_90a,code=sm_90a "$BUILD"/*.o -o "$BUILD/probe" \
-  -L"$(dirname "$CUBLAS_LIBRARY")" -l:"$(basename "$CUBLAS_LIBRARY")" \
-  -Xlinker -rpath -Xlinker "$(dirname "$CUBLAS_LIBRARY")"
+link_probe "$BUILD" probe
 for idle in ${IDLE_MS:-0 30}; do
   # The SM clock and power draw through the run, every 100 ms, for reading the regime.
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader -lms 100 \

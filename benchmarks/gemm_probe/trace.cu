@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "probe_common.cuh"
 #include "traced_kernel.cuh"
 
 #if __has_include("trace_ids.h")  // written by trace.sh next to its copy of this file
@@ -30,30 +31,10 @@
 #define GEMM_PROBE_TRACED_MATCHES GEMM_PROBE_MATCH(6, gemm_probe::TraceVariant::AsBuilt)
 #endif
 
-#define CHECK_CUDA(call)                                                              \
-  do {                                                                                \
-    cudaError_t err_ = (call);                                                        \
-    if (err_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,               \
-                   cudaGetErrorString(err_));                                         \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-
 namespace {
 
 constexpr int kReps = 10;
 constexpr int kRounds = 5;
-constexpr size_t kRotationBytes = size_t(192) << 20;  // > 3 x the 60 MB L2
-
-struct Model {
-  const char* name;
-  int hidden, intermediate;
-};
-constexpr Model kModels[] = {{"qwen2.5-0.5b", 896, 4864},   {"qwen2.5-1.5b", 1536, 8960},
-                             {"qwen2.5-3b", 2048, 11008},   {"qwen2.5-7b", 3584, 18944},
-                             {"qwen2.5-14b", 5120, 13824},  {"qwen2.5-32b", 5120, 27648},
-                             {"qwen2.5-72b", 8192, 29568}};
 
 struct Variant {
   int config;
@@ -81,21 +62,6 @@ using TracedLauncher = std::string (*)(const jax_swiglu::SwigluProblem&,
 template <int Config, gemm_probe::TraceVariant Epilogue>
 constexpr TracedLauncher kLaunch = &gemm_probe::LaunchTraced<Config, Epilogue>;
 
-// Uniform in [-1, 1) from a hash of the index, as bf16 bits (as probe.cu).
-__global__ void FillRandom(uint16_t* data, size_t count, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    h *= 3266489917u;
-    h ^= h >> 16;
-    const float value = (h >> 8) * (2.0f / 16777216.0f) - 1.0f;
-    data[i] = static_cast<uint16_t>(__float_as_uint(value) >> 16);
-  }
-}
-
 // Elements of two bf16 buffers whose bits differ.
 __global__ void CountDifferent(const uint16_t* a, const uint16_t* b, size_t count,
                                unsigned long long* different) {
@@ -104,20 +70,6 @@ __global__ void CountDifferent(const uint16_t* a, const uint16_t* b, size_t coun
        i += size_t(gridDim.x) * blockDim.x)
     local += a[i] != b[i];
   if (local) atomicAdd(different, local);
-}
-
-uint16_t* AllocRandom(size_t count, uint32_t seed) {
-  uint16_t* data = nullptr;
-  CHECK_CUDA(cudaMalloc(&data, count * sizeof(uint16_t)));
-  FillRandom<<<1024, 256>>>(data, count, seed);
-  CHECK_CUDA(cudaGetLastError());
-  return data;
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 }  // namespace

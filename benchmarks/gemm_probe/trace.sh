@@ -19,19 +19,8 @@ BUILD=${BUILD:-$(mktemp -d)}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT" "$BUILD"
 
-CUTLASS_INCLUDE=$("$PY" -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))")
-NVIDIA_DIRS=$("$PY" -c "import nvidia; print(' '.join(nvidia.__path__))" 2>/dev/null || true)
-find_first() {
-  find /usr/local/cuda/include /usr/local/cuda/lib64 $NVIDIA_DIRS -name "$1" -print -quit \
-    2>/dev/null || true
-}
-CUBLAS_HEADER=$(find_first cublas_v2.h)
-CUBLAS_LIBRARY=$(find_first 'libcublas.so*')
-[ -n "$CUBLAS_HEADER" ] && [ -n "$CUBLAS_LIBRARY" ] || { echo "cuBLAS not found"; exit 1; }
-
-FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr
-       -Xcudafe=--diag_suppress=esa_on_defaulted_function_ignored
-       -I ffi -I benchmarks/gemm_probe -isystem "$CUTLASS_INCLUDE" -I "$(dirname "$CUBLAS_HEADER")")
+# shellcheck source=benchmarks/gemm_probe/build_env.sh
+. benchmarks/gemm_probe/build_env.sh
 TRACED=${TRACED:-6 6:skip}
 units=() pairs=() matches=()
 for variant in $TRACED; do
@@ -67,9 +56,7 @@ for unit in "${units[@]}"; do
   pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid" || { tail -40 "$BUILD"/*.log; exit 1; }; done
-nvcc -gencode=arch=compute_90a,code=sm_90a "$BUILD"/*.o -o "$BUILD/trace" \
-  -L"$(dirname "$CUBLAS_LIBRARY")" -l:"$(basename "$CUBLAS_LIBRARY")" \
-  -Xlinker -rpath -Xlinker "$(dirname "$CUBLAS_LIBRARY")"
+link_probe "$BUILD" trace
 if [ "${SASS:-0}" = 1 ]; then  # the traced kernels' machine code, for reading the k-loop
   cuobjdump -sass "$BUILD/trace" | gzip > "$OUT/trace-sass.txt.gz"
 fi
