@@ -16,10 +16,15 @@
 //   tiles along K and add their partial sums in a workspace, so the last wave is not
 //   ragged: for problems of a few waves, e.g. M <= 128 on a wide N).
 //   store: TmaStore (the output tile goes registers -> shared memory -> one TMA store) or
-//   DirectStore (registers -> global memory, 4 bytes per store, no shared-memory tile):
-//   config 6's pingpong tiles run 1-5% faster so on 10 of 11 rows, level on the 11th
-//   (2026-11-29-calibration-direct-store*.md);
-//   the cooperative and 128x128 pingpong tiles were level or slower, and keep TMA stores.
+//   DirectStore (registers -> global memory, 16 bytes per store, no shared-memory tile,
+//   so one more pipeline stage fits). Config 6 took it first, with 4-byte stores (1-5%
+//   faster, 2026-11-29-calibration-direct-store*.md); since the packed layout gave every
+//   thread 16-byte runs (2026-11-30-calibration-16-byte-stores.md) config 6 gained another
+//   1.3-7.7%, and config 7 with the direct store and 4 stages beat its 3-stage TMA-store
+//   self on 13 of 20 rows by 0.8-4.7% and at 72B M=8192 by 8%, within 0.5% on the other 6
+//   (2026-11-30-calibration-16-byte-stores-both-paths.md, -large-models.md). Config 1 with
+//   it was level to 2% faster on the small models only (not measured beyond): it keeps
+//   the TMA store.
 //   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
 #define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)                          \
   X(0, Cooperative, 128, 256, 64, 2, 1, Persistent, TmaStore)      \
@@ -29,7 +34,7 @@
   X(4, Pingpong, 64, 128, 64, 1, 1, Persistent, TmaStore)          \
   X(5, Cooperative, 128, 128, 64, 1, 1, StreamK, TmaStore)         \
   X(6, Pingpong, 128, 192, 64, 2, 1, Persistent, DirectStore)      \
-  X(7, Cooperative, 256, 192, 64, 2, 1, Persistent, TmaStore)      \
+  X(7, Cooperative, 256, 192, 64, 2, 1, Persistent, DirectStore)   \
   X(8, Cooperative, 128, 320, 64, 1, 1, Persistent, TmaStore)      \
   X(9, Cooperative, 128, 192, 64, 1, 1, Persistent, TmaStore)
 

@@ -6,8 +6,11 @@ Both kernels read one packed matrix ``[K, 2 * N_pad]`` built from ``W_gate`` and
     packed[:, 64*b      : 64*b + 32] = W_gate[:, 32*b : 32*b + 32]
     packed[:, 64*b + 32 : 64*b + 64] = W_up  [:, 32*b : 32*b + 32]
 
-``N`` is zero-padded up to a multiple of 32 (``N_pad``); the padded columns produce
-``SiLU(0) * 0 = 0`` and are never stored.
+and, inside each 32-column run (of gate and of up alike), the columns are stored in
+*quad-transposed* order: writing a run's column as ``c = 8 q + 2 j + e`` (``q, j`` in 0..3,
+``e`` in 0..1), packed position ``8 j + 2 q + e`` holds column ``c``. The transpose swaps
+``q`` and ``j``, so it is its own inverse. ``N`` is zero-padded up to a multiple of 32
+(``N_pad``); the padded columns produce ``SiLU(0) * 0 = 0`` and are never stored.
 
 Why this layout, and not the even/odd column interleave:
 
@@ -16,6 +19,13 @@ Why this layout, and not the even/odd column interleave:
   ``n`` and up column ``n`` (32 packed columns apart, inside one 64-column pair) land in
   the same thread's registers, so the epilogue pairs them with no data movement, exactly
   as with even/odd interleave.
+* The quad transpose: in a wgmma accumulator fragment, lane ``q`` of each 4-lane quad holds
+  columns ``8 j + 2 q + e`` of a row (every 8-column block ``j``). Stored as they come, a
+  thread's outputs are 4-byte pairs 16 bytes apart; with the transpose, positions
+  ``8 j + 2 q + e`` hold a run's columns ``8 q .. 8 q + 7``, one 16-byte store per thread
+  and run. With the direct store of the 128x192 pingpong tiles that measured 1.3-7.7%
+  faster on every small-model row (benchmarks/results/NVIDIA_H200/
+  2026-11-30-calibration-16-byte-stores.md); both kernels store this way.
 * Pingpong kernel (gate then up over an ``[M, N]`` grid): the gate (or up) columns of an
   output tile are whole 32-column runs, 64-byte rows every other run: one TMA box with an
   outer mode over the runs fetches them, each run one 64-byte-swizzled atom in shared memory.
@@ -41,7 +51,9 @@ import jax
 import jax.numpy as jnp
 
 GATE_UP_BLOCK = 32
-LAYOUT = f"gate_up_block{GATE_UP_BLOCK}"
+LAYOUT = f"gate_up_block{GATE_UP_BLOCK}_quad_transposed"
+# A run's columns as (quad lane q, 8-column block j, column in pair e): see the docstring.
+_RUN_AXES = (4, 4, 2)
 
 # Dtypes the kernels are built for. K and N must keep 16-byte aligned rows for TMA.
 KERNEL_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -222,13 +234,26 @@ def pack_weights(w_gate, w_up=None, *, dtype=None) -> PackedWeights:
     if dtype is not None:
         w_gate, w_up = w_gate.astype(dtype), w_up.astype(dtype)
 
-    n_pad = padded_n(n)
-    blocks = n_pad // GATE_UP_BLOCK
-    pad = [(0, 0), (0, n_pad - n)]
-    gate = jnp.pad(w_gate, pad).reshape(k, blocks, 1, GATE_UP_BLOCK)
-    up = jnp.pad(w_up, pad).reshape(k, blocks, 1, GATE_UP_BLOCK)
-    data = jnp.concatenate([gate, up], axis=2).reshape(k, 2 * n_pad)
-    return PackedWeights(data, n)
+    pad = [(0, 0), (0, padded_n(n) - n)]
+    return PackedWeights(interleave_gate_up(jnp.pad(w_gate, pad), jnp.pad(w_up, pad)), n)
+
+
+def interleave_gate_up(gate, up):
+    """Packs ``[..., N_pad]`` gate and up columns into ``[..., 2 * N_pad]`` (inverse of
+    :func:`split_gate_up` up to padding). Works on numpy arrays too (returns a jax array).
+    """
+    *lead, n_pad = gate.shape
+    runs = (*lead, n_pad // GATE_UP_BLOCK, 1, GATE_UP_BLOCK)
+    pairs = jnp.concatenate([_transpose_quads(gate.reshape(runs)),
+                             _transpose_quads(up.reshape(runs))], axis=-2)
+    return pairs.reshape(*lead, 2 * n_pad)
+
+
+def _transpose_quads(runs):
+    """The quad transpose of the last axis, 32-column runs (its own inverse)."""
+    *lead, width = runs.shape
+    assert width == GATE_UP_BLOCK == 4 * 4 * 2
+    return runs.reshape(*lead, *_RUN_AXES).swapaxes(-3, -2).reshape(*lead, width)
 
 
 def unpack_weights(packed: PackedWeights):
@@ -241,11 +266,12 @@ def unpack_weights(packed: PackedWeights):
 def split_gate_up(packed_cols, n: int):
     """Splits ``[..., 2 * N_pad]`` packed columns into gate and up ``[..., n]``.
 
-    Works on the packed weights and, identically, on the product ``x @ packed``.
+    Works on the packed weights and, identically, on the product ``x @ packed`` (numpy
+    arrays too).
     """
     *lead, width = packed_cols.shape
     blocks = width // (2 * GATE_UP_BLOCK)
-    pairs = packed_cols.reshape(*lead, blocks, 2, GATE_UP_BLOCK)
+    pairs = _transpose_quads(packed_cols.reshape(*lead, blocks, 2, GATE_UP_BLOCK))
     gate = pairs[..., 0, :].reshape(*lead, blocks * GATE_UP_BLOCK)[..., :n]
     up = pairs[..., 1, :].reshape(*lead, blocks * GATE_UP_BLOCK)[..., :n]
     return gate, up

@@ -83,6 +83,10 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #   2026-11-29-calibration-tile-order-rounds.md  swizzle 1/4/8 of config 0, 7B..72B, M = 8192,
 #       timed in interleaved rounds. (An earlier run, -calibration-tile-order.md, timed each
 #       launch in one block and had favoured swizzling by 5-7%: clock drift, not reuse.)
+#   2026-11-30-calibration-16-byte-stores-both-paths.md  (-large-models.md) configs 1, 6 and 7
+#       with both output paths after the layout gave every store 16 bytes, 0.5B..3B at M = 512,
+#       2048, 4096, 8192 and 7B..72B at M = 2048, 8192: config 7 took the direct store, 3B
+#       M=512 config 6 (-16-byte-stores.md: the experiment that found the 16-byte stores).
 # The -pingpong-clusters and -64-row-tiles runs number the configs as they were then: their 4
 # is config 1 now and their 7 is config 4. Their 5 (pingpong 128x128, 2x2 cluster) tied
 # their 4 at M = 512 (1.5B 46.4 vs 46.6 us, 3B 71.4 vs 72.8) and lost elsewhere; their 1
@@ -125,16 +129,17 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "M <= 128: one 128-row tile, 128x256 tiles, no cluster (a 2x1 cluster would idle "
          "half its CTAs on the empty second row of tiles)"),
     Rule(512, "interleaved", 6,
-         "384 < M <= 512, 6144 < N <= 8960 (1.5B): pingpong 128x192 tiles with a 2x1 cluster "
-         "make 2.85 waves at M = 512 where 128x128 tiles make 4.24 (41.7 vs 43.5 us for config "
-         "1; 42.2 vs 44.0 and 41.8 vs 43.6 in two other runs). Measured at M = 512 only; by the "
-         "same wave count they would tie at two rows of tiles (M = 129-256) and trail at three "
-         "(257-384), so M <= 384 keeps config 1", min_m=384, min_n=6144, max_n=8960),
+         "384 < M <= 512, 6144 < N <= 11008 (1.5B, 3B): pingpong 128x192 tiles with a 2x1 "
+         "cluster make 2.85 and 3.5 waves at M = 512 where 128x128 tiles make 4.24 and 5.2 "
+         "(1.5B 39.3 vs 43.2 us for config 1, 3B 66.4 vs 68.0, with 16-byte stores; before "
+         "them 1.5B 41.7 vs 43.5 and 3B a loss, 70.1 vs 68.2). Measured at M = 512 only; by "
+         "the same wave count they would tie at two rows of tiles (M = 129-256) and trail at "
+         "three (257-384), so M <= 384 keeps config 1", min_m=384, min_n=6144, max_n=11008),
     Rule(512, "interleaved", 1,
          "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
          "other warpgroup's mainloop, and enough CTAs on these N (M=512: 0.5B 17.8 vs 19.0 us "
-         "for config 6, 3B 68.2 vs 70.1, 7B 189.4 vs 200.0 for config 0 and a tie with config "
-         "6, 180.6 vs 179.7)", max_n=18944),
+         "for config 6, a tie since 16-byte stores, 17.8 vs 17.8; 7B 189.4 vs 200.0 for "
+         "config 0 and a tie with config 6, 180.6 vs 179.7)", max_n=18944),
     Rule(512, "interleaved", 0,
          "M <= 512, N > 18944 (32B, 72B): 128x256 tiles with a 2x1 cluster (M=512: 72B 621.2 "
          "vs 642.4 us for config 7 and 642.4 for config 1; 32B 385.4 vs 403.5 for config 7, "
@@ -166,7 +171,10 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "256x192 tiles with a 2x1 cluster sharing each weight tile: 128x192 per warpgroup, "
          "the fastest config at M = 2048 for N > 11008 (7B 679.6 vs 687.7 us for config 0, "
          "14B 718.5 vs 756.1, 72B 2430 vs 2474) and at M = 8192 from 3B on (3B 957.5 vs "
-         "969.9, 7B 2854 vs 2967, 14B 2947 vs 3099, 72B 10372 vs 10867 for config 0)"),
+         "969.9, 7B 2854 vs 2967, 14B 2947 vs 3099, 72B 10372 vs 10867 for config 0). Since "
+         "16-byte stores it stores straight from registers, with a 4th stage (M=8192: 3B "
+         "928.0 vs 938.4 us through a TMA store and 929.1 for config 6, 7B 2775 vs 2799, 72B "
+         "10020 vs 10898; M=2048: 14B 704.2 vs 706.9, 72B 2394 vs 2397; 32B level)"),
 )
 
 

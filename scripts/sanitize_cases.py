@@ -102,12 +102,10 @@ def _host_inputs(k: int, n: int, m_max: int, seed: int):
     x = uniform((m_max, k), 1.0)
     packed = uniform((k, 2 * n_pad), 1.0 / np.sqrt(k))
     if n % _layout.GATE_UP_BLOCK:  # padded columns are zero, as pack_weights makes them
-        pairs = packed.reshape(k, n_pad // _layout.GATE_UP_BLOCK, 2, _layout.GATE_UP_BLOCK)
-        pairs[:, -1, :, n % _layout.GATE_UP_BLOCK:] = 0  # (a view: writes into packed)
+        padding = np.arange(n_pad) >= n
+        packed[:, np.asarray(_layout.interleave_gate_up(padding, padding))] = 0
     acc = x.astype(np.float32) @ packed.astype(np.float32)  # [m_max, 2 N_pad]
-    pairs = acc.reshape(m_max, n_pad // _layout.GATE_UP_BLOCK, 2, _layout.GATE_UP_BLOCK)
-    gate = pairs[:, :, 0, :].reshape(m_max, n_pad)[:, :n]
-    up = pairs[:, :, 1, :].reshape(m_max, n_pad)[:, :n]
+    gate, up = _layout.split_gate_up(acc, n)
     with np.errstate(over="ignore"):
         reference = gate / (1.0 + np.exp(-gate)) * up
     return x, packed, reference

@@ -24,20 +24,29 @@ def test_round_trip(key, n, dtype):
 
 
 def test_column_mapping(key):
-    """packed[:, 2Bb + j] is gate column Bb + j; packed[:, 2Bb + B + j] is up's (B = 32)."""
+    """Packed columns 64b .. 64b + 31 are gate columns 32b .. 32b + 31 and the next 32 up's,
+    each run quad-transposed: position 8j + 2q + e holds column 8q + 2j + e of the run."""
     assert GATE_UP_BLOCK == 32  # tile widths 128, 192, 256 hold whole pairs (ffi/kernel_configs.h)
     n, block = 200, GATE_UP_BLOCK
     w_gate, w_up = random_weights(key, 16, n)
     data = np.asarray(pack_weights(w_gate, w_up).data)
     assert data.shape == (16, 2 * 224)
     for col in range(n):
-        b, j = divmod(col, block)
-        np.testing.assert_array_equal(data[:, 2 * block * b + j], np.asarray(w_gate)[:, col])
-        np.testing.assert_array_equal(data[:, 2 * block * b + block + j],
+        b, c = divmod(col, block)
+        q, j, e = c // 8, c % 8 // 2, c % 2
+        position = 8 * j + 2 * q + e
+        np.testing.assert_array_equal(data[:, 2 * block * b + position], np.asarray(w_gate)[:, col])
+        np.testing.assert_array_equal(data[:, 2 * block * b + block + position],
                                       np.asarray(w_up)[:, col])
-    # Padding columns (n..223 of each half) are zero.
-    pairs = data.reshape(16, -1, 2, block)
-    assert not pairs[:, -1, :, n % block:].any()
+    # Lane q of a wgmma quad holds positions 8j + 2q + e: columns 8q .. 8q + 7 of the run.
+    for q in range(4):
+        positions = [8 * j + 2 * q + e for j in range(4) for e in range(2)]
+        np.testing.assert_array_equal(data[:, positions], np.asarray(w_gate)[:, 8 * q:8 * q + 8])
+    # Padding columns (n..223 of each half) are zero, wherever the transpose put them.
+    padded = [2 * block * 6 + half + 8 * j + 2 * q + e
+              for half in (0, block) for q in range(4) for j in range(4) for e in range(2)
+              if 6 * block + 8 * q + 2 * j + e >= n]
+    assert len(padded) == 2 * (224 - n) and not data[:, padded].any()
 
 
 def test_stacked_form_equals_separate(key):
@@ -101,6 +110,10 @@ def test_tampered_packed_weights_are_refused(key):
         PackedWeights(packed.data, packed.n, layout="even_odd").validate()
     # Weights packed by an earlier version, in 64-column blocks, are refused at trace time.
     old = PackedWeights(packed.data, packed.n, layout="gate_up_block64")
+    with pytest.raises(ValueError, match="pack the weights again"):
+        jax.jit(swiglu).trace(jnp.zeros((4, 16), jnp.bfloat16), old)
+    # ... and so are those of the 32-column blocks before the quad transpose (2026-11-30).
+    old = PackedWeights(packed.data, packed.n, layout="gate_up_block32")
     with pytest.raises(ValueError, match="pack the weights again"):
         jax.jit(swiglu).trace(jnp.zeros((4, 16), jnp.bfloat16), old)
     with pytest.raises(TypeError, match="PackedWeights"):

@@ -4,11 +4,13 @@
 // columns). This epilogue pairs every gate accumulator with its up accumulator, which sit
 // in the same thread's registers (where exactly is the `Pairs` policy below: one per
 // kernel), combines them in fp32 (SiLU(g) * u), rounds once, and writes a half-width
-// [tile_m, tile_n / 2] output tile, by one of two paths (kStore):
+// [tile_m, tile_n / 2] output tile. The packed layout's quad transpose (jax_swiglu/
+// _layout.py) gives each thread 8 consecutive output columns per 32-column run, so every
+// store is 16 bytes, by one of two paths (kStore):
 //  - TmaStore: registers -> swizzled shared memory -> one TMA store. The store is not
 //    waited for: the next tile's mainloop runs while it drains, and only the next epilogue
 //    (or the kernel's store_tail) waits for it before reusing the shared-memory tile.
-//  - DirectStore: registers -> global memory, one 4-byte store per output pair.
+//  - DirectStore: registers -> global memory.
 // The [M, 2N] product never reaches HBM.
 //
 // It implements the epilogue interface that CUTLASS's sm90 cooperative and pingpong
@@ -156,7 +158,7 @@ struct SequentialPairs {
 };
 
 // kStore: TmaStore stages the output tile in shared memory for one TMA store per tile;
-// DirectStore writes each thread's 4-byte pairs straight to global memory and takes no
+// DirectStore writes each thread's 16-byte runs straight to global memory and takes no
 // shared memory (config 6: see ffi/kernel_configs.h for where each one measured faster).
 template <class ElementD_, class CtaTileShape_, class Pairs,
           OutputStore kStore = OutputStore::TmaStore>
@@ -173,9 +175,14 @@ class SwiGluEpilogue {
   static constexpr int kTileN = kTilePacked / 2;  // output columns per tile
   static_assert(kTilePacked % (2 * kGateUpBlock) == 0,
                 "a tile must hold whole gate/up block pairs");
+  // A 32-column run of the layout is 4 of a wgmma fragment's 8-column blocks; in each, lane
+  // q of a quad holds columns 2q and 2q + 1, so its 4 pairs of a run are the run's output
+  // columns 8q .. 8q + 7 (the quad transpose): one 16-byte store.
+  static constexpr int kRunBlocks = kGateUpBlock / 8;
+  static_assert(kGateUpBlock == 32 && sizeof(ElementD) == 2, "4 pairs of 2 bytes per run");
 
   // Output tile in shared memory, N-contiguous and swizzled, so the 4-byte stores of a warp
-  // (8 rows x 16 bytes) hit 32 distinct banks and TMA reads it directly. The swizzle atom is
+  // (8 rows x 64 bytes) hit every bank evenly and TMA reads it directly. The swizzle atom is
   // 8 rows x kAtomN columns: the 128-byte swizzle (64 columns) where the tile width allows,
   // else the 64-byte one (32 columns: a 96-column tile from 192 packed columns).
   static constexpr int kAtomN = kTileN % 64 == 0 ? 64 : 32;
@@ -215,32 +222,32 @@ class SwiGluEpilogue {
                      SmemLayoutD{}.layout_b()(3, kAtomN) == LinearOffset(3, kAtomN)),
                 "LinearOffset must match SmemLayoutD");
 
-  // The stores' address split (store()): for a thread's first accumulator at (m0, p0),
-  // p0 < 8 and even, and offsets dm, dn that are multiples of 8, the swizzled offset of
-  // (m0 + dm, p0 + dn) is a per-thread base plus one XOR with a per-thread constant,
-  // SwizzleXor(m0). m0 over two atoms covers every m0 % 8 and the carry into m0 / 8.
-  CUTLASS_HOST_DEVICE static constexpr int SwizzleXor(int m0) {
-    return (((m0 % 8) * kAtomN >> 6) & ((1 << kSwizzleBits) - 1)) << 3;
+  // The stores' address split (store()): lane q of a quad, in row m0 (m0 < 16: a thread's
+  // first row), stores its 16 bytes of the run at tile-local output column dn (a multiple
+  // of 32) in row m0 + dm (dm a multiple of 8) at columns dn + 8q. The 16-byte chunk is
+  // what the swizzle XORs, with bits of m % 8 = m0 % 8, so the swizzled offset is a
+  // per-thread base plus one XOR with a per-thread constant, ChunkXor(m0, q).
+  CUTLASS_HOST_DEVICE static constexpr int ChunkXor(int m0, int q) {
+    return (8 * q) ^ ((((m0 % 8) * kAtomN >> 6) & ((1 << kSwizzleBits) - 1)) << 3);
   }
   static constexpr bool AddressSplitHolds() {
     for (int m0 = 0; m0 < 16; ++m0)
-      for (int p0 = 0; p0 < 8; p0 += 2)
+      for (int q = 0; q < 4; ++q)
         for (int dm = 0; m0 + dm < kTileM; dm += 8)
-          for (int dn = 0; dn < kTileN; dn += 8)
-            if (Swizzled(LinearOffset(m0 + dm, p0 + dn)) !=
-                LinearOffset(m0, p0) + (LinearOffset(dm, dn) ^ SwizzleXor(m0)))
+          for (int dn = 0; dn < kTileN; dn += kGateUpBlock)
+            if (Swizzled(LinearOffset(m0 + dm, dn + 8 * q)) !=
+                LinearOffset(m0, 0) + (LinearOffset(dm, dn) ^ ChunkXor(m0, q)))
               return false;
     return true;
   }
   static_assert(AddressSplitHolds(), "the per-thread address split must match the swizzle");
-  // ... and the packed -> output column map keeps a thread's offset within its 8 columns.
-  static constexpr bool OutputColumnKeepsThreadOffset() {
-    for (int p0 = 0; p0 < 8; p0 += 2)
-      for (int dn = 0; dn < kTilePacked; dn += 8)
-        if (Pairs::OutputColumn(p0 + dn) != Pairs::OutputColumn(dn) + p0) return false;
+  // ... and a gate run starts an output run: its output column is a multiple of 32.
+  static constexpr bool GateRunsStartOutputRuns() {
+    for (int p = 0; p < kTilePacked; p += kGateUpBlock)
+      if (Pairs::OutputColumn(p) % kGateUpBlock != 0) return false;
     return true;
   }
-  static_assert(OutputColumnKeepsThreadOffset(), "OutputColumn(p0 + dn) = OutputColumn(dn) + p0");
+  static_assert(GateRunsStartOutputRuns(), "OutputColumn maps runs to runs");
 
   // The kernel instantiates load/store pipelines from these; nothing is loaded and the
   // store side is tracked with bulk-async groups, so they are the empty ones.
@@ -357,6 +364,7 @@ class SwiGluEpilogue {
     static_assert(rank(AccLayout{}) == 3 && rank<0>(AccLayout{}) == 3);
     static_assert(size<0, 0>(AccLayout{}) == 2 && size<0, 1>(AccLayout{}) == 2);
     constexpr int kBlocks = size<0, 2>(AccLayout{});
+    static_assert(kBlocks % kRunBlocks == 0, "an MMA atom holds whole 32-column runs");
     if constexpr (kIsInterleavedPairs<Pairs>) {
       static_assert((kBlocks * size<2>(AccLayout{})) % (2 * Pairs::kBlocksPerHalf) == 0,
                     "the MMA atoms must hold whole gate/up block pairs");
@@ -397,6 +405,16 @@ class SwiGluEpilogue {
     return reinterpret_cast<uint32_t const&>(rounded);
   }
 
+  // The 4 pairs of the 32-column run starting at gate block `block`: 8 output columns.
+  template <int kBlocks, class AccEngine, class AccLayout>
+  CUTLASS_DEVICE static uint4 RunWords(cute::Tensor<AccEngine, AccLayout> const& accumulators,
+                                       int row, int block, int mma_m, int mma_n) {
+    return {RoundedPair<kBlocks>(accumulators, row, block + 0, mma_m, mma_n),
+            RoundedPair<kBlocks>(accumulators, row, block + 1, mma_m, mma_n),
+            RoundedPair<kBlocks>(accumulators, row, block + 2, mma_m, mma_n),
+            RoundedPair<kBlocks>(accumulators, row, block + 3, mma_m, mma_n)};
+  }
+
   template <int kBlocks, class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL,
             class AccEngine, class AccLayout, class TiledMma>
   CUTLASS_DEVICE void StoreViaSharedMemory(ProblemShapeMNKL problem_shape_mnkl,
@@ -429,17 +447,15 @@ class SwiGluEpilogue {
                             .partition_C(make_identity_tensor(take<0, 2>(tile_shape_mnk)));
     static_assert(decltype(size(tAcc_coord))::value == decltype(size(accumulators))::value);
 
-    // Shared-memory addresses without the generic layout arithmetic, which cost ~13 integer
-    // instructions per 4-byte store (the epilogue is issue-bound: the tensor cores wait).
-    // A thread's accumulators sit at (m0 + dm, p0 + dn) from its first one, dm and dn
-    // compile-time multiples of 8 and p0 < 8. So LinearOffset splits into a per-thread
-    // base and a compile-time part, and the swizzle, which XORs the 8-column chunk with
-    // bits of m % 8 = m0 % 8, is one XOR with a per-thread constant.
+    // Shared-memory addresses without the generic layout arithmetic, which costs integer
+    // instructions per store (the epilogue is issue-bound: the tensor cores wait). A
+    // thread's runs sit at (m0 + dm, 8q + dn) for its first accumulator at (m0, p0 = 2q),
+    // dm and dn compile-time: AddressSplitHolds.
     const int m0 = get<0>(tAcc_coord(0));
     const int p0 = get<1>(tAcc_coord(0));
-    const int swizzle_xor = SwizzleXor(m0);
+    const int chunk_xor = ChunkXor(m0, p0 / 2);
     const uint32_t thread_base = cute::cast_smem_ptr_to_uint(shared_tensors.smem_d.begin()) +
-                                 sizeof(ElementD) * LinearOffset(m0, p0);
+                                 sizeof(ElementD) * LinearOffset(m0, 0);
 
     CUTLASS_PRAGMA_UNROLL
     for (int mma_n = 0; mma_n < size<2>(accumulators); ++mma_n) {
@@ -448,19 +464,19 @@ class SwiGluEpilogue {
         CUTLASS_PRAGMA_UNROLL
         for (int row = 0; row < 2; ++row) {
           CUTLASS_PRAGMA_UNROLL
-          for (int block = 0; block < kBlocks; ++block) {
+          for (int block = 0; block < kBlocks; block += kRunBlocks) {
             if (!Pairs::template IsGate<kBlocks>(block, mma_n)) continue;
-            const uint32_t rounded = RoundedPair<kBlocks>(accumulators, row, block, mma_m, mma_n);
-
-            // Output columns n and n + 1 (n even) share one 4-byte word under the swizzle.
+            const uint4 words = RunWords<kBlocks>(accumulators, row, block, mma_m, mma_n);
             auto coord = tAcc_coord(make_coord(make_coord(0, row, block), mma_m, mma_n));
             const int dm = get<0>(coord) - m0;                        // compile-time
             const int dn = Pairs::OutputColumn(get<1>(coord) - p0);   // compile-time
             const uint32_t address =
-                thread_base + sizeof(ElementD) * (LinearOffset(dm, dn) ^ swizzle_xor);
+                thread_base + sizeof(ElementD) * (LinearOffset(dm, dn) ^ chunk_xor);
             // No "memory" clobber needed: the fence and barrier after the loop are volatile
             // asm too, so the stores stay before them.
-            asm volatile("st.shared.b32 [%0], %1;" : : "r"(address), "r"(rounded));
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};"
+                         :
+                         : "r"(address), "r"(words.x), "r"(words.y), "r"(words.z), "r"(words.w));
           }
         }
       }
@@ -493,10 +509,11 @@ class SwiGluEpilogue {
   }
 
  private:
-  // DirectStore: each gate/up pair becomes one 4-byte store of output columns (n, n + 1),
-  // n even, at its global address; rows past M and columns past n are skipped. A warp's
-  // store covers 8 rows x 16 bytes, which L2 merges into whole sectors. Nothing waits:
-  // the next tile's mainloop starts as soon as the stores are issued.
+  // DirectStore: each run of 4 gate/up pairs becomes one 16-byte store of output columns
+  // 8q .. 8q + 7 of the run (lane q of a quad) at its global address; rows past M and
+  // columns past n are skipped (n is a multiple of 8, so a run's 8 columns are all inside
+  // or all outside). A warp's store covers 8 rows x 64 bytes: whole 32-byte sectors.
+  // Nothing waits: the next tile's mainloop starts as soon as the stores are issued.
   template <int kBlocks, class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL,
             class AccEngine, class AccLayout, class TiledMma>
   CUTLASS_DEVICE void StoreDirect(ProblemShapeMNKL problem_shape_mnkl, TileShapeMNK tile_shape_mnk,
@@ -510,10 +527,10 @@ class SwiGluEpilogue {
     Tensor tAcc_coord = tiled_mma.get_slice(opaque_thread_idx)
                             .partition_C(make_identity_tensor(take<0, 2>(tile_shape_mnk)));
     const int m0 = get<0>(tAcc_coord(0));
-    const int p0 = get<1>(tAcc_coord(0));
+    const int p0 = get<1>(tAcc_coord(0));  // 2q
     auto [m_coord, n_coord, k_coord, l_coord] = tile_coord_mnkl;
     const int row0 = static_cast<int>(m_coord) * kTileM + m0;
-    const int col0 = static_cast<int>(n_coord) * kTileN + p0;  // OutputColumn(p0) = p0
+    const int col0 = static_cast<int>(n_coord) * kTileN + 4 * p0;  // 8q
     const int rows_left = static_cast<int>(get<0>(problem_shape_mnkl)) - row0;
     const int cols_left = params_.n - col0;
     const int64_t row_stride = params_.n;
@@ -526,14 +543,14 @@ class SwiGluEpilogue {
         CUTLASS_PRAGMA_UNROLL
         for (int mma_n = 0; mma_n < size<2>(accumulators); ++mma_n) {
           CUTLASS_PRAGMA_UNROLL
-          for (int block = 0; block < kBlocks; ++block) {
+          for (int block = 0; block < kBlocks; block += kRunBlocks) {
             if (!Pairs::template IsGate<kBlocks>(block, mma_n)) continue;
             auto coord = tAcc_coord(make_coord(make_coord(0, row, block), mma_m, mma_n));
             const int dm = get<0>(coord) - m0;                       // compile-time
             const int dn = Pairs::OutputColumn(get<1>(coord) - p0);  // compile-time
-            if (dm >= rows_left || dn >= cols_left) continue;  // n is even: n + 1 is inside too
-            *reinterpret_cast<uint32_t*>(thread_base + dm * row_stride + dn) =
-                RoundedPair<kBlocks>(accumulators, row, block, mma_m, mma_n);
+            if (dm >= rows_left || dn >= cols_left) continue;
+            *reinterpret_cast<uint4*>(thread_base + dm * row_stride + dn) =
+                RunWords<kBlocks>(accumulators, row, block, mma_m, mma_n);
           }
         }
       }
