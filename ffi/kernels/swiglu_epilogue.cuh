@@ -159,7 +159,7 @@ struct SequentialPairs {
 
 // kStore: TmaStore stages the output tile in shared memory for one TMA store per tile;
 // DirectStore writes each thread's 16-byte runs straight to global memory and takes no
-// shared memory (config 6: see ffi/kernel_configs.h for where each one measured faster).
+// shared memory (configs 6 and 7: ffi/kernel_configs.h says where each one measured faster).
 template <class ElementD_, class CtaTileShape_, class Pairs,
           OutputStore kStore = OutputStore::TmaStore>
 class SwiGluEpilogue {
@@ -181,7 +181,7 @@ class SwiGluEpilogue {
   static constexpr int kRunBlocks = kGateUpBlock / 8;
   static_assert(kGateUpBlock == 32 && sizeof(ElementD) == 2, "4 pairs of 2 bytes per run");
 
-  // Output tile in shared memory, N-contiguous and swizzled, so the 4-byte stores of a warp
+  // Output tile in shared memory, N-contiguous and swizzled, so the 16-byte stores of a warp
   // (8 rows x 64 bytes) hit every bank evenly and TMA reads it directly. The swizzle atom is
   // 8 rows x kAtomN columns: the 128-byte swizzle (64 columns) where the tile width allows,
   // else the 64-byte one (32 columns: a 96-column tile from 192 packed columns).
