@@ -152,14 +152,10 @@ int main(int argc, char** argv) {
   for (int m : ms) {
     for (const Model& model : kModels) {
       const int k = model.hidden, n = model.intermediate, n2 = 2 * n;
-      const size_t set_bytes = (size_t(m) * k + size_t(k) * n2) * sizeof(uint16_t);
-      const int sets = static_cast<int>(std::min<size_t>(
-          32, std::max<size_t>(2, (kRotationBytes + set_bytes - 1) / set_bytes)));
-      std::vector<uint16_t*> xs, ws;
-      for (int s = 0; s < sets; ++s) {
-        xs.push_back(AllocRandom(size_t(m) * k, 17 + 2 * s));
-        ws.push_back(AllocRandom(size_t(k) * n2, 18 + 2 * s));
-      }
+      const RotatingInputs inputs(m, k, n2);
+      const int sets = inputs.sets;
+      const std::vector<uint16_t*>& xs = inputs.xs;
+      const std::vector<uint16_t*>& ws = inputs.ws;
       uint16_t *out_plain = nullptr, *out_cublas = nullptr, *out_fused = nullptr;
       CHECK_CUDA(cudaMalloc(&out_plain, size_t(m) * n2 * sizeof(uint16_t)));
       CHECK_CUDA(cudaMalloc(&out_cublas, size_t(m) * n2 * sizeof(uint16_t)));
@@ -276,8 +272,6 @@ int main(int argc, char** argv) {
       std::fprintf(json, "}}");
       first_row = false;
 
-      for (auto* p : xs) CHECK_CUDA(cudaFree(p));
-      for (auto* p : ws) CHECK_CUDA(cudaFree(p));
       CHECK_CUDA(cudaFree(out_plain));
       CHECK_CUDA(cudaFree(out_cublas));
       CHECK_CUDA(cudaFree(out_fused));

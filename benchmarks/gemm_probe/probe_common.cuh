@@ -1,6 +1,6 @@
 // What the probe programs (probe.cu, trace.cu) share: error checks, the Qwen2.5 MLP shapes,
-// and random bf16 inputs rotated through more than the L2. Included by one translation unit
-// per program.
+// and random bf16 inputs rotated through more than the L2 (RotatingInputs). Included by one
+// translation unit per program.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -56,6 +56,29 @@ uint16_t* AllocRandom(size_t count, uint32_t seed) {
   CHECK_CUDA(cudaGetLastError());
   return data;
 }
+
+// Sets of random x [m, k] and packed weights [k, n2] (bf16) for one row: enough sets that
+// cycling through them streams more than kRotationBytes (2 to 32 sets), so the weights come
+// from HBM as in a real model. Freed when it goes out of scope.
+struct RotatingInputs {
+  std::vector<uint16_t*> xs, ws;
+  int sets;
+  RotatingInputs(int m, int k, int n2) {
+    const size_t set_bytes = (size_t(m) * k + size_t(k) * n2) * sizeof(uint16_t);
+    sets = static_cast<int>(
+        std::min<size_t>(32, std::max<size_t>(2, (kRotationBytes + set_bytes - 1) / set_bytes)));
+    for (int s = 0; s < sets; ++s) {
+      xs.push_back(AllocRandom(size_t(m) * k, 17 + 2 * s));
+      ws.push_back(AllocRandom(size_t(k) * n2, 18 + 2 * s));
+    }
+  }
+  RotatingInputs(const RotatingInputs&) = delete;
+  RotatingInputs& operator=(const RotatingInputs&) = delete;
+  ~RotatingInputs() {
+    for (auto* p : xs) CHECK_CUDA(cudaFree(p));
+    for (auto* p : ws) CHECK_CUDA(cudaFree(p));
+  }
+};
 
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());

@@ -158,14 +158,10 @@ int main(int argc, char** argv) {
     }
     const int m = std::atoi(row.c_str() + colon + 1);
     const int k = model->hidden, n = model->intermediate, n2 = 2 * n;
-    const size_t set_bytes = (size_t(m) * k + size_t(k) * n2) * sizeof(uint16_t);
-    const int sets = static_cast<int>(std::min<size_t>(
-        32, std::max<size_t>(2, (kRotationBytes + set_bytes - 1) / set_bytes)));
-    std::vector<uint16_t*> xs, ws;
-    for (int s = 0; s < sets; ++s) {
-      xs.push_back(AllocRandom(size_t(m) * k, 17 + 2 * s));
-      ws.push_back(AllocRandom(size_t(k) * n2, 18 + 2 * s));
-    }
+    const RotatingInputs inputs(m, k, n2);
+    const int sets = inputs.sets;
+    const std::vector<uint16_t*>& xs = inputs.xs;
+    const std::vector<uint16_t*>& ws = inputs.ws;
     uint16_t *out = nullptr, *out_first = nullptr, *out_cublas = nullptr;
     CHECK_CUDA(cudaMalloc(&out, size_t(m) * n * sizeof(uint16_t)));
     CHECK_CUDA(cudaMalloc(&out_first, size_t(m) * n * sizeof(uint16_t)));
@@ -272,8 +268,6 @@ int main(int argc, char** argv) {
                          slots[0], slots[1]);
           }
     }
-    for (auto* p : xs) CHECK_CUDA(cudaFree(p));
-    for (auto* p : ws) CHECK_CUDA(cudaFree(p));
     CHECK_CUDA(cudaFree(out));
     CHECK_CUDA(cudaFree(out_first));
     CHECK_CUDA(cudaFree(out_cublas));
