@@ -48,7 +48,8 @@ struct ProbeConfig {
 };
 #define GEMM_PROBE_CANDIDATE(id, transposed, schedule, tm, tn, tk, cm, cn)                   \
   ProbeConfig{{id, jax_swiglu::Schedule::schedule, tm, tn, tk, cm, cn,                      \
-               jax_swiglu::TileScheduler::Persistent},                                      \
+               jax_swiglu::TileScheduler::Persistent,                                       \
+               jax_swiglu::OutputStore::TmaStore /* unused: CUTLASS's own epilogue */},     \
               transposed},
 inline constexpr ProbeConfig kCandidates[] = {
     GEMM_PROBE_CANDIDATE(100, false, Pingpong, 128, 192, 64, 2, 1)

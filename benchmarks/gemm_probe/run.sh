@@ -38,7 +38,7 @@ for unit in "${units[@]}"; do
   nvcc "${FLAGS[@]}" -c "$BUILD/$unit.cu" -o "$BUILD/$unit.o" > "$BUILD/$unit.log" 2>&1 &
   pids+=($!)
 done
-for pid in "${pids[@]}"; do wait "$pid" || { tail -40 "$BUILD"/*.log; exit 1; }; done
+for pid in "${pids[@]}"; do wait "$pid" || { tail -n 40 "$BUILD"/*.log; exit 1; }; done
 link_probe "$BUILD" probe
 for idle in ${IDLE_MS:-0 30}; do
   # The SM clock and power draw through the run, every 100 ms, for reading the regime.

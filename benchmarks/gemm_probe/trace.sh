@@ -55,7 +55,7 @@ for unit in "${units[@]}"; do
   nvcc "${FLAGS[@]}" -c "$BUILD/$unit.cu" -o "$BUILD/$unit.o" > "$BUILD/$unit.log" 2>&1 &
   pids+=($!)
 done
-for pid in "${pids[@]}"; do wait "$pid" || { tail -40 "$BUILD"/*.log; exit 1; }; done
+for pid in "${pids[@]}"; do wait "$pid" || { tail -n 40 "$BUILD"/*.log; exit 1; }; done
 link_probe "$BUILD" trace
 if [ "${SASS:-0}" = 1 ]; then  # the traced kernels' machine code, for reading the k-loop
   cuobjdump -sass "$BUILD/trace" | gzip > "$OUT/trace-sass.txt.gz"
