@@ -46,16 +46,22 @@ def forced(kernel, launch):
         del os.environ[_selection.ENV_VAR], os.environ[_selection.CONFIG_ENV_VAR]
 
 
+# Timed beside the launches, never a candidate for "best": (a) and, with --gemm, (c).
+BASELINES = ("xla", "gemm")
+
+
 def _compiled(variant, xs, ws):
     # Compiled now, while the forcing variables are set (they are read at lowering).
     return jax.jit(lambda xs, ws: [variant(x, w) for x, w in zip(xs, ws)]).lower(xs, ws).compile()
 
 
-def calibrate(model, m, iterations, key, launches, rounds=bench_swiglu.ROUNDS):
+def calibrate(model, m, iterations, key, launches, rounds=bench_swiglu.ROUNDS, gemm=False):
     k, n = QWEN25_MLPS[model]
     sets = bench_swiglu.make_rotation(key, m, k, n)
     xs, ws = [s[0] for s in sets], [s[1] for s in sets]
     fns = {"xla": _compiled(bench_swiglu.xla_separate, xs, ws)}
+    if gemm:
+        fns["gemm"] = _compiled(bench_swiglu.gemm_only, xs, ws)
     for kernel, launch in launches:
         with forced(kernel, launch):
             fns[f"{kernel}:{launch}"] = _compiled(bench_swiglu.fused("auto"), xs, ws)
@@ -77,6 +83,9 @@ def main(argv=None):
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no new (model, M) row after this many seconds; the report"
                              " then says the run is incomplete")
+    parser.add_argument("--gemm", action="store_true",
+                        help="also time the bare GEMM (the benchmark's baseline (c)), so each"
+                             " launch reads against target 2 in the same rounds")
     parser.add_argument("--note", action="append", default=[],
                         help="a line for the head of the report; repeatable")
     parser.add_argument(
@@ -110,7 +119,7 @@ def main(argv=None):
             break
         began = time.perf_counter()
         row = calibrate(model, m, args.iterations, jax.random.fold_in(key, i), launches,
-                        args.rounds)
+                        args.rounds, args.gemm)
         rows.append(row)
         result["complete"] = i + 1 == len(configs)
         with open(args.out, "w") as f:  # after every row: a cut-short run keeps its data
@@ -118,7 +127,7 @@ def main(argv=None):
         done.append((bench_swiglu.flops(model, m), time.perf_counter() - began))
         left = bench_swiglu.estimate_remaining_s(
             done, [bench_swiglu.flops(*config) for config in configs[i + 1:]])
-        fused = {name: t for name, t in row["gpu_us"].items() if name != "xla"}
+        fused = {name: t for name, t in row["gpu_us"].items() if name not in BASELINES}
         best = min(fused, key=fused.get)
         print(f"[{i + 1}/{len(configs)}] {model} M={m}: xla {row['gpu_us']['xla']:.1f} us; "
               + ", ".join(f"{name} {t:.1f}" for name, t in fused.items())
@@ -128,7 +137,7 @@ def main(argv=None):
 
     wins = collections.defaultdict(collections.Counter)
     for row in rows:
-        fused = {name: t for name, t in row["gpu_us"].items() if name != "xla"}
+        fused = {name: t for name, t in row["gpu_us"].items() if name not in BASELINES}
         wins[row["m"]][min(fused, key=fused.get)] += 1
     print("\nwinner counts per M:")
     for m in sorted(wins):

@@ -241,7 +241,8 @@ def calibration_markdown(result) -> str:
     env = result["environment"]
     columns = []
     for row in result["rows"]:
-        columns += [k for k in row["gpu_us"] if k != "xla" and k not in columns]
+        columns += [k for k in row["gpu_us"] if k not in ("xla", "gemm") and k not in columns]
+    gemm = any("gemm" in row["gpu_us"] for row in result["rows"])
     kernels = list(dict.fromkeys(c.split(":", 1)[0] for c in columns))
     configs, source = _calibration_configs(result, kernels)
     every = bool(configs) and all(
@@ -264,16 +265,21 @@ def calibration_markdown(result) -> str:
             if len(configs) == 1 else f"{k}: " + ", ".join(
                 f"{i} = {text}" for i, text in sorted(table.items()))
             for k, table in configs.items()) + ".")
+    # With --gemm, the bare GEMM (c) too, and the best launch's time over it (target 2).
     lines += ["",
-              "| model | M | xla | " + " | ".join(columns) + " | best | best vs xla |",
-              "|---|---|---|" + "---|" * len(columns) + "---|---|"]
+              "| model | M | xla | " + ("gemm (c) | " if gemm else "") + " | ".join(columns)
+              + " | best | best vs xla |" + (" best/(c) |" if gemm else ""),
+              "|---|---|---|" + "---|" * (len(columns) + 2 * gemm) + "---|---|"]
     for row in result["rows"]:
         t = row["gpu_us"]
         fused = {c: t[c] for c in columns if c in t}
         best = min(fused, key=fused.get)
+        c = t.get("gemm")
         lines.append(f"| {row['model']} | {row['m']} | {t['xla']:.1f} | "
+                     + ((f"{c:.1f} | " if c else "- | ") if gemm else "")
                      + " | ".join(f"{t[c]:.1f}" if c in t else "-" for c in columns)
-                     + f" | {best} | {t['xla'] / t[best]:.2f}x |")
+                     + f" | {best} | {t['xla'] / t[best]:.2f}x |"
+                     + ((f" {t[best] / c:.3f} |" if c else " - |") if gemm else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -231,12 +231,13 @@ def test_calibrate_main_writes_the_run(tmp_path, monkeypatch):
 
     rounds_seen = []
 
-    def fake(model, m, iterations, key, launches, rounds):
+    def fake(model, m, iterations, key, launches, rounds, gemm):
         rounds_seen.append(rounds)
         k, n = SHAPES[model]
         return {"model": model, "m": m, "k": k, "n": n,
-                "gpu_us": {"xla": 10.0, **{f"{kernel}:{launch}": 9.0 + j
-                                           for j, (kernel, launch) in enumerate(launches)}}}
+                "gpu_us": {"xla": 10.0, **({"gemm": 8.0} if gemm else {}),
+                           **{f"{kernel}:{launch}": 9.0 + j
+                              for j, (kernel, launch) in enumerate(launches)}}}
     monkeypatch.setattr(calibrate.bench_swiglu, "environment", lambda: dict(ENV))
     monkeypatch.setattr(calibrate, "calibrate", fake)
     out = tmp_path / "calibration.json"
@@ -249,6 +250,12 @@ def test_calibrate_main_writes_the_run(tmp_path, monkeypatch):
     md = (tmp_path / "calibration.md").read_text()
     assert "the tile configs in the columns forced (KERNEL:LAUNCH)" in md and "median of 4 in 2 interleaved rounds" in md
     assert "| qwen2.5-3b | 128 | 10.0 | 9.0 | 10.0 | interleaved:0,swizzle=4 | 1.11x |" in md
+    # --gemm: the bare GEMM beside them, never the best, and the best launch over it.
+    calibrate.main(["--models", "qwen2.5-3b", "--m", "128", "--gemm", "--launches",
+                    "interleaved:2", "interleaved:3", "--out", str(out)])
+    md = (tmp_path / "calibration.md").read_text()
+    assert "| model | M | xla | gemm (c) | interleaved:2 | interleaved:3 | best | best vs xla | best/(c) |" in md
+    assert "| qwen2.5-3b | 128 | 10.0 | 8.0 | 9.0 | 10.0 | interleaved:2 | 1.11x | 1.125 |" in md
     if jax_swiglu.kernel_configs():  # the extension is built: every config by default
         assert "Configs (ffi/kernel_configs.h, as run): 0 = " in md
         calibrate.main(["--models", "qwen2.5-0.5b", "--m", "128", "--out", str(out)])
