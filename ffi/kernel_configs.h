@@ -22,24 +22,33 @@
 //   thread 16-byte runs (2026-11-30-calibration-16-byte-stores.md) config 6 gained another
 //   1.3-7.7%, and config 7 with the direct store and 4 stages beat its 3-stage TMA-store
 //   self on 13 of 20 rows by 0.8-4.7% and at 72B M=8192 by 8%, within 0.5% on the other 6
-//   (2026-11-30-calibration-16-byte-stores-both-paths.md, -large-models.md). Config 1 with
-//   it was level to 2% faster on the small models only (not measured beyond): it keeps
-//   the TMA store.
+//   (2026-11-30-calibration-16-byte-stores-both-paths.md, -large-models.md). Configs 0 and
+//   1 followed: 0.3-0.8% faster on the 9 rows the table gives them that were measured, level
+//   on a 10th (2026-11-30-calibration-direct-store-twins.md), and so did the configs for
+//   M <= 128 (2, 3, 8, 9) and the 64-row tiles (4): faster or level on every row the table
+//   gives them (M=128: 0.5B 8.7 vs 9.1 us on config 3, 7B 69.6 vs 71.7 on config 8;
+//   2026-11-30-calibration-direct-store-small-m.md). Only
+//   stream-K config 5, which the table does not pick, was not measured: it keeps the TMA
+//   store, and so does the pingpong kernel below (its epilogue is the same code).
+//   Config 10 is config 7 with a 1x2 cluster (each token tile multicast to two CTAs instead
+//   of each weight tile): faster on 11 of 12 rows from 7B on at M = 2048-8192 (by 0.1-2.5%),
+//   slower at 72B M=8192 and on 3B (2026-11-30-calibration-cluster-1x2.md).
 //   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
 #define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)                          \
-  X(0, Cooperative, 128, 256, 64, 2, 1, Persistent, TmaStore)      \
-  X(1, Pingpong, 128, 128, 64, 2, 1, Persistent, TmaStore)         \
-  X(2, Cooperative, 128, 256, 64, 1, 1, Persistent, TmaStore)      \
-  X(3, Cooperative, 128, 128, 64, 1, 1, Persistent, TmaStore)      \
-  X(4, Pingpong, 64, 128, 64, 1, 1, Persistent, TmaStore)          \
+  X(0, Cooperative, 128, 256, 64, 2, 1, Persistent, DirectStore)   \
+  X(1, Pingpong, 128, 128, 64, 2, 1, Persistent, DirectStore)      \
+  X(2, Cooperative, 128, 256, 64, 1, 1, Persistent, DirectStore)   \
+  X(3, Cooperative, 128, 128, 64, 1, 1, Persistent, DirectStore)   \
+  X(4, Pingpong, 64, 128, 64, 1, 1, Persistent, DirectStore)       \
   X(5, Cooperative, 128, 128, 64, 1, 1, StreamK, TmaStore)         \
   X(6, Pingpong, 128, 192, 64, 2, 1, Persistent, DirectStore)      \
   X(7, Cooperative, 256, 192, 64, 2, 1, Persistent, DirectStore)   \
-  X(8, Cooperative, 128, 320, 64, 1, 1, Persistent, TmaStore)      \
-  X(9, Cooperative, 128, 192, 64, 1, 1, Persistent, TmaStore)
+  X(8, Cooperative, 128, 320, 64, 1, 1, Persistent, DirectStore)   \
+  X(9, Cooperative, 128, 192, 64, 1, 1, Persistent, DirectStore)   \
+  X(10, Cooperative, 256, 192, 64, 1, 2, Persistent, DirectStore)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 10
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 11
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the
@@ -54,7 +63,7 @@ namespace jax_swiglu {
 
 // Gate/up block width of the packed weight layout: packed column block 2b holds gate
 // columns [32b, 32b + 32) and block 2b + 1 the up columns of the same range, so a tile's
-// packed width may be any multiple of 64 (192: configs 6, 7 and 9; 320: config 8). See
+// packed width may be any multiple of 64 (192: configs 6, 7, 9 and 10; 320: config 8). See
 // jax_swiglu/_layout.py, which owns the layout; the kernels only read it.
 inline constexpr int kGateUpBlock = 32;
 

@@ -86,7 +86,13 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #   2026-11-30-calibration-16-byte-stores-both-paths.md  (-large-models.md) configs 1, 6 and 7
 #       with both output paths after the layout gave every store 16 bytes, 0.5B..3B at M = 512,
 #       2048, 4096, 8192 and 7B..72B at M = 2048, 8192: config 7 took the direct store, 3B
-#       M=512 config 6 (-16-byte-stores.md: the experiment that found the 16-byte stores).
+#       M=512 config 6 (-16-byte-stores.md: the experiment that found the 16-byte stores);
+#   2026-11-30-calibration-direct-store-twins.md  configs 0 and 1 against their direct-store
+#       twins (both took the direct store) and config 7 against its 1x2-cluster twin (now
+#       config 10), each beside the bare GEMM (c); -cluster-1x2.md: config 10 against 7 on
+#       7B..72B at M = 2048, 4096, 8192 and 3B, and pingpong 128x128 with 1x2 and 1x1 clusters;
+#       -direct-store-small-m.md: configs 2, 3, 4, 8, 9 against their direct-store twins at
+#       M = 32, 64, 128 (all took the direct store; the rows' times below predate it).
 # The -pingpong-clusters and -64-row-tiles runs number the configs as they were then: their 4
 # is config 1 now and their 7 is config 4. Their 5 (pingpong 128x128, 2x2 cluster) tied
 # their 4 at M = 512 (1.5B 46.4 vs 46.6 us, 3B 71.4 vs 72.8) and lost elsewhere; their 1
@@ -139,11 +145,15 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
          "other warpgroup's mainloop, and enough CTAs on these N (M=512: 0.5B 17.8 vs 19.0 us "
          "for config 6, a tie since 16-byte stores, 17.8 vs 17.8; 7B 189.4 vs 200.0 for "
-         "config 0 and a tie with config 6, 180.6 vs 179.7)", max_n=18944),
+         "config 0 and a tie with config 6, 180.6 vs 179.7). Stores from registers since "
+         "2026-11-30 (7B 180.4 vs 181.6 through a TMA store, 14B level, 197.3 vs 197.2)",
+         max_n=18944),
     Rule(512, "interleaved", 0,
          "M <= 512, N > 18944 (32B, 72B): 128x256 tiles with a 2x1 cluster (M=512: 72B 621.2 "
          "vs 642.4 us for config 7 and 642.4 for config 1; 32B 385.4 vs 403.5 for config 7, "
-         "377.8 for config 6)"),
+         "377.8 for config 6). Stores from registers since 2026-11-30 (M=512: 72B 616.8 vs "
+         "618.6 us through a TMA store, 32B 380.7 vs 383.5; M=256: 350.7 vs 353.0, 222.8 vs "
+         "223.9)"),
     Rule(4096, "interleaved", 6,
          "1024 < M <= 4096, 8960 < N <= 11008 (3B): pingpong 128x192 tiles storing straight "
          "from registers (M=2048: 226.5 vs 232.7 us for config 1 and 229.9 for the same tiles "
@@ -154,7 +164,8 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "M <= 2048, N <= 11008: pingpong 128x128 tiles, as above (M=1024: 1.5B 82.5 vs "
          "90.1 us for config 2, and config 0 measured 88.1 in another run; M=2048: 1.5B "
          "145.8 vs 153.9 us for config 6 and 155.8 for config 0; 3B a tie with config 6, "
-         "234.3 vs 234.0)", max_n=11008),
+         "234.3 vs 234.0; with the direct store 0.5B 50.4 vs 50.8, 1.5B 143.2 vs 144.0; a 1x2 "
+         "cluster level, 50.3 and 141.9, no cluster slower, 52.4 and 171.5)", max_n=11008),
     Rule(1024, "interleaved", 6,
          "512 < M <= 1024, N > 11008: pingpong 128x192 tiles with a 2x1 cluster, within 3% of "
          "the fastest config on every such shape, where configs 7 and 0 trail by up to 7% and "
@@ -168,13 +179,22 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "196.2 vs 198.4 for config 1, 1.5B 581.5 vs 582.6 for config 0)",
          max_n=8960),
     Rule(None, "interleaved", 7,
-         "256x192 tiles with a 2x1 cluster sharing each weight tile: 128x192 per warpgroup, "
-         "the fastest config at M = 2048 for N > 11008 (7B 679.6 vs 687.7 us for config 0, "
-         "14B 718.5 vs 756.1, 72B 2430 vs 2474) and at M = 8192 from 3B on (3B 957.5 vs "
-         "969.9, 7B 2854 vs 2967, 14B 2947 vs 3099, 72B 10372 vs 10867 for config 0). Since "
-         "16-byte stores it stores straight from registers, with a 4th stage (M=8192: 3B "
-         "928.0 vs 938.4 us through a TMA store and 929.1 for config 6, 7B 2775 vs 2799, 72B "
-         "10020 vs 10898; M=2048: 14B 704.2 vs 706.9, 72B 2394 vs 2397; 32B level)"),
+         "M > 4096, N > 27648 (72B): 256x192 tiles with a 2x1 cluster sharing each weight "
+         "tile, as below, where the 1x2 cluster of config 10 lost (M=8192: 10319 vs 10482 "
+         "us; a row at the 700 W limit that moves by several percent between runs)",
+         min_m=4096, min_n=27648),
+    Rule(None, "interleaved", 10,
+         "M > 1024, N > 11008 (7B..72B): 256x192 tiles, 128x192 per warpgroup, with a 1x2 "
+         "cluster sharing each token tile (32 KB a k-step) where config 7's 2x1 shares the "
+         "weight tile (24 KB): faster than config 7 on all 11 such rows measured, by 0.1-2.5% "
+         "(M=8192: 7B 2768 vs 2807 us, 32B 5798 vs 5929; M=4096: 72B 4904 vs 5031; M=2048: "
+         "7B 669.2 vs 670.6, 72B 2398 vs 2401)", min_m=1024, min_n=11008),
+    Rule(None, "interleaved", 7,
+         "M > 4096, N <= 11008 (3B): 256x192 tiles with a 2x1 cluster sharing each weight tile "
+         "(M=8192: 935.4 vs 936.3 us for config 6, 955.0 for config 10's 1x2 cluster; before: "
+         "957.5 vs 969.9 for config 0). Since 16-byte stores it stores straight from "
+         "registers, with a 4th stage (3B 928.0 vs 938.4 us through a TMA store; 7B 2775 vs "
+         "2799, 72B 10020 vs 10898)"),
 )
 
 

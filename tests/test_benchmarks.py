@@ -334,7 +334,8 @@ def _trace_report():
 def test_trace_report_reads_the_config_table():
     """The tile-timeline report's tiles are ffi/kernel_configs.h's, as the extension compiled."""
     tiles = _trace_report().interleaved_tiles()
-    assert tiles[1] == ("Pingpong", 128, 128, "TmaStore")
+    assert tiles[1] == ("Pingpong", 128, 128, "DirectStore")
+    assert tiles[5] == ("Cooperative", 128, 128, "TmaStore")  # stream-K keeps the TMA store
     assert tiles[6] == ("Pingpong", 128, 192, "DirectStore")
     from jax_swiglu import _native
     compiled = _native.kernel_configs().get("interleaved")

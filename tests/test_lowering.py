@@ -89,8 +89,11 @@ def test_measured_choices():
     assert pick(16, "qwen2.5-7b") == ("xla", None, 1)
     assert pick(128, "qwen2.5-7b") == ("interleaved", 8, 1)  # 128x320: one wave of tiles
     assert pick(128, "qwen2.5-72b") == ("interleaved", 2, 1)
-    assert pick(2048, "qwen2.5-72b") == ("interleaved", 7, 1)
-    assert pick(8192, "qwen2.5-32b") == ("interleaved", 7, 1)
+    assert pick(2048, "qwen2.5-72b") == ("interleaved", 10, 1)  # 256x192, 1x2 cluster
+    assert pick(4096, "qwen2.5-72b") == ("interleaved", 10, 1)
+    assert pick(8192, "qwen2.5-72b") == ("interleaved", 7, 1)  # where the 1x2 cluster lost
+    assert pick(8192, "qwen2.5-32b") == ("interleaved", 10, 1)
+    assert pick(2048, "qwen2.5-7b") == ("interleaved", 10, 1)
     assert pick(16384, "qwen2.5-72b") == ("interleaved", 7, 1)
     # No row picks the pingpong kernel: it lost everywhere it was measured.
     assert all(rule.kernel != "pingpong" for rule in _selection.SELECTION_TABLE)
@@ -203,13 +206,15 @@ def test_forced_launch_knob(monkeypatch):
 
 
 def test_output_store_paths_are_reported():
-    """Each compiled config names its output path; configs 6 and 7 store from registers."""
+    """Each compiled config names its output path; every interleaved config but stream-K
+    stores from registers, and the pingpong kernel through the TMA store."""
     configs = jax_swiglu.kernel_configs()
     for kernel, table in configs.items():
         for config in table.values():
             assert config.store in ("tma", "direct")
             assert ("direct store" in config.describe()) == (config.store == "direct")
-    assert [c.id for c in configs["interleaved"].values() if c.store == "direct"] == [6, 7]
+    assert [c.id for c in configs["interleaved"].values() if c.store == "tma"] == [5]
+    assert configs["interleaved"][5].scheduler == "stream-k"
     assert configs["pingpong"][0].store == "tma"
 
 

@@ -159,7 +159,8 @@ struct SequentialPairs {
 
 // kStore: TmaStore stages the output tile in shared memory for one TMA store per tile;
 // DirectStore writes each thread's 16-byte runs straight to global memory and takes no
-// shared memory (configs 6 and 7: ffi/kernel_configs.h says where each one measured faster).
+// shared memory (every interleaved config but stream-K: ffi/kernel_configs.h says where each
+// path measured faster).
 template <class ElementD_, class CtaTileShape_, class Pairs,
           OutputStore kStore = OutputStore::TmaStore>
 class SwiGluEpilogue {
