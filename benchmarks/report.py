@@ -274,12 +274,12 @@ def calibration_markdown(result) -> str:
         t = row["gpu_us"]
         fused = {c: t[c] for c in columns if c in t}
         best = min(fused, key=fused.get)
-        c = t.get("gemm")
+        gemm_us = t.get("gemm")
         lines.append(f"| {row['model']} | {row['m']} | {t['xla']:.1f} | "
-                     + ((f"{c:.1f} | " if c else "- | ") if gemm else "")
+                     + ((f"{gemm_us:.1f} | " if gemm_us else "- | ") if gemm else "")
                      + " | ".join(f"{t[c]:.1f}" if c in t else "-" for c in columns)
                      + f" | {best} | {t['xla'] / t[best]:.2f}x |"
-                     + ((f" {t[best] / c:.3f} |" if c else " - |") if gemm else ""))
+                     + ((f" {t[best] / gemm_us:.3f} |" if gemm_us else " - |") if gemm else ""))
     return "\n".join(lines) + "\n"
 
 
