@@ -42,24 +42,40 @@ struct EpilogueScheduleFor<jax_swiglu::Schedule::Pingpong> {
 //    all the same (column-major D^T). With 64-column gate/up blocks, a 128-row weight tile
 //    put gate and up in the two m64 atoms of one warpgroup, so a fused epilogue would have
 //    found each pair in one thread, for any token width (these lost, run 37).
+//  - "K-major weights" (Orientation::kWeightsKMajor): the normal orientation, but the weights
+//    stored [2N, K] (each packed column's K values contiguous, the "TN" layout) instead of
+//    [K, 2N]. Shared memory then swizzles 128 bytes along K for any tile width, where an
+//    N-major B tile gets the full 128-byte swizzle only at widths that are multiples of 64
+//    (160 gets 64-byte, 176 and 112 32-byte swizzles). Widths like 176 and 112 fill the last
+//    wave better where a multiple of 64 leaves it ragged (3B M=512: 504 tiles of 128x176 on
+//    132 SMs, 96% of 4 waves, against 460 of 128x192, 87%; 0.5B M=2048: 1392 of 128x112,
+//    96% of 11 waves, against 1216 of 128x128, 92% of 10).
+enum class Orientation { kNormal, kTransposed, kWeightsKMajor };
 struct ProbeConfig {
   jax_swiglu::KernelConfig tiles;
-  bool transposed;
+  Orientation orientation;
 };
-#define GEMM_PROBE_CANDIDATE(id, transposed, schedule, tm, tn, tk, cm, cn)                   \
+#define GEMM_PROBE_CANDIDATE(id, orientation, schedule, tm, tn, tk, cm, cn)                  \
   ProbeConfig{{id, jax_swiglu::Schedule::schedule, tm, tn, tk, cm, cn,                      \
                jax_swiglu::TileScheduler::Persistent,                                       \
                jax_swiglu::OutputStore::TmaStore /* unused: CUTLASS's own epilogue */},     \
-              transposed},
+              Orientation::orientation},
 inline constexpr ProbeConfig kCandidates[] = {
-    GEMM_PROBE_CANDIDATE(100, false, Pingpong, 128, 192, 64, 2, 1)
-    GEMM_PROBE_CANDIDATE(101, false, Pingpong, 128, 160, 64, 2, 1)
-    GEMM_PROBE_CANDIDATE(102, false, Cooperative, 256, 192, 64, 2, 1)
-    GEMM_PROBE_CANDIDATE(103, true, Pingpong, 128, 160, 64, 2, 1)
-    GEMM_PROBE_CANDIDATE(104, true, Pingpong, 128, 160, 64, 1, 2)
-    GEMM_PROBE_CANDIDATE(105, true, Cooperative, 256, 128, 64, 2, 1)
-    GEMM_PROBE_CANDIDATE(106, true, Cooperative, 256, 160, 64, 2, 1)
-    GEMM_PROBE_CANDIDATE(107, true, Pingpong, 128, 192, 64, 1, 1)
+    GEMM_PROBE_CANDIDATE(100, kNormal, Pingpong, 128, 192, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(101, kNormal, Pingpong, 128, 160, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(102, kNormal, Cooperative, 256, 192, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(103, kTransposed, Pingpong, 128, 160, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(104, kTransposed, Pingpong, 128, 160, 64, 1, 2)
+    GEMM_PROBE_CANDIDATE(105, kTransposed, Cooperative, 256, 128, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(106, kTransposed, Cooperative, 256, 160, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(107, kTransposed, Pingpong, 128, 192, 64, 1, 1)
+    GEMM_PROBE_CANDIDATE(108, kWeightsKMajor, Pingpong, 128, 128, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(109, kWeightsKMajor, Pingpong, 128, 192, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(110, kWeightsKMajor, Pingpong, 128, 160, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(111, kWeightsKMajor, Pingpong, 128, 176, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(112, kWeightsKMajor, Pingpong, 128, 112, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(113, kWeightsKMajor, Cooperative, 256, 192, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(114, kWeightsKMajor, Cooperative, 128, 224, 64, 2, 1)
 };
 #undef GEMM_PROBE_CANDIDATE
 inline constexpr int kFirstCandidateId = 100;
@@ -72,7 +88,7 @@ constexpr ProbeConfig ProbeConfigFor() {
                   "no such candidate");
     return kCandidates[Id - kFirstCandidateId];
   } else {
-    return ProbeConfig{jax_swiglu::kInterleavedConfigs[Id], false};
+    return ProbeConfig{jax_swiglu::kInterleavedConfigs[Id], Orientation::kNormal};
   }
 }
 
@@ -87,19 +103,28 @@ struct PlainGemm {
   using ClusterShape =
       cute::Shape<cute::Int<kConfig.cluster_m>, cute::Int<kConfig.cluster_n>, cute::_1>;
   static constexpr int kAlignment = 8;
+  static constexpr bool kTransposed = kProbe.orientation == Orientation::kTransposed;
+  static constexpr bool kWeightsKMajor = kProbe.orientation == Orientation::kWeightsKMajor;
   // Normal: A = x [M, K] K-major, B = W [K, 2N] N-major, D [M, 2N] row-major.
   // Transposed: A = W^T [2N, K] M-major, B = x^T (tokens x K, K-major), D^T column-major.
-  using LayoutA = std::conditional_t<kProbe.transposed, cutlass::layout::ColumnMajor,
+  // K-major weights: as normal, but B = W stored [2N, K] (K-major; CUTLASS's ColumnMajor B).
+  using LayoutA = std::conditional_t<kTransposed, cutlass::layout::ColumnMajor,
                                      cutlass::layout::RowMajor>;
-  using LayoutB = LayoutA;
+  using LayoutB = std::conditional_t<kWeightsKMajor, cutlass::layout::ColumnMajor, LayoutA>;
   using LayoutD = LayoutA;
 
+  // K-major candidates store from registers (CUTLASS's no-smem epilogue), so widths that are
+  // not multiples of 64 are not timed through a TMA epilogue cut into narrow subtiles (run 86:
+  // through it, 112- and 176-wide tiles took twice as long as 128- and 192-wide ones); their
+  // 128- and 192-wide members are the references with the same epilogue.
+  using EpilogueSchedule =
+      std::conditional_t<kWeightsKMajor, cutlass::epilogue::NoSmemWarpSpecialized,
+                         typename EpilogueScheduleFor<kConfig.schedule>::type>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, LayoutD, kAlignment,  // no source tensor
-      Element, LayoutD, kAlignment,
-      typename EpilogueScheduleFor<kConfig.schedule>::type>::CollectiveOp;
+      Element, LayoutD, kAlignment, EpilogueSchedule>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -114,8 +139,16 @@ struct PlainGemm {
                                                       Epilogue, cutlass::gemm::PersistentScheduler>;
 };
 
-// Launches the plain GEMM on the problem's x [m, k] and packed [k, 2 n_packed], writing
-// [m, 2 n_packed] to `out` (the caller's buffer of that size).
+// Whether probe id `ConfigId` reads the weights K-major ([2N, K]); probe.cu checks such a
+// kernel against cuBLAS on the same buffer read that way.
+template <int ConfigId>
+bool PlainReadsKMajorWeights() {
+  return PlainGemm<ConfigId>::kWeightsKMajor;
+}
+
+// Launches the plain GEMM on the problem's x [m, k] and packed weights (read as [k, 2 n_packed],
+// or as [2 n_packed, k] for K-major candidates), writing [m, 2 n_packed] to `out` (the
+// caller's buffer of that size).
 template <int ConfigId>
 std::string LaunchPlain(const jax_swiglu::SwigluProblem& p, const jax_swiglu::DeviceFacts& facts,
                         cudaStream_t stream) {
@@ -133,7 +166,13 @@ std::string LaunchPlain(const jax_swiglu::SwigluProblem& p, const jax_swiglu::De
   typename Kernel::StrideB stride_b;
   typename Kernel::StrideD stride_d;
   int rows, columns;
-  if constexpr (G::kProbe.transposed) {
+  if constexpr (G::kWeightsKMajor) {
+    stride_a = x_strides;
+    stride_b = cute::make_stride(int64_t(k), cute::_1{}, int64_t(0));  // (col, k), K-major
+    stride_d = cute::make_stride(int64_t(n2), cute::_1{}, int64_t(0));
+    rows = m;
+    columns = n2;
+  } else if constexpr (G::kTransposed) {
     stride_a = w_strides;
     stride_b = x_strides;
     stride_d = cute::make_stride(cute::_1{}, int64_t(n2), int64_t(0));  // D^T: (col, token)
@@ -146,8 +185,8 @@ std::string LaunchPlain(const jax_swiglu::SwigluProblem& p, const jax_swiglu::De
     rows = m;
     columns = n2;
   }
-  const void* a = G::kProbe.transposed ? p.packed : p.x;
-  const void* b = G::kProbe.transposed ? p.x : p.packed;
+  const void* a = G::kTransposed ? p.packed : p.x;
+  const void* b = G::kTransposed ? p.x : p.packed;
   typename Kernel::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {rows, columns, k, 1},

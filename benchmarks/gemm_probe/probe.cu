@@ -35,21 +35,24 @@ namespace gemm_probe {
 template <int ConfigId>
 std::string LaunchPlain(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&,
                         cudaStream_t);
+template <int ConfigId>
+bool PlainReadsKMajorWeights();
 
 using Launcher = std::string (*)(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&,
                                  cudaStream_t);
 struct Compiled {
   int config;
   Launcher launch;
+  bool weights_k_major;  // reads the weight buffer as [2N, K] (plain_gemm.cuh)
 };
 // The configs compiled in (run.sh passes the lists and builds one translation unit each).
 template <int... Ids>
 std::vector<Compiled> PlainLaunchers() {
-  return {{Ids, &LaunchPlain<Ids>}...};
+  return {{Ids, &LaunchPlain<Ids>, PlainReadsKMajorWeights<Ids>()}...};
 }
 template <int... Ids>
 std::vector<Compiled> FusedLaunchers() {
-  return {{Ids, &jax_swiglu::LaunchInterleaved<Ids, jax_swiglu::BF16>}...};
+  return {{Ids, &jax_swiglu::LaunchInterleaved<Ids, jax_swiglu::BF16>, false}...};
 }
 }  // namespace gemm_probe
 
@@ -143,6 +146,10 @@ int main(int argc, char** argv) {
   std::printf("GPU idle after each block of %d launches: %d ms\n\n", kReps, idle_ms);
   const std::vector<gemm_probe::Compiled> plain = gemm_probe::PlainLaunchers<GEMM_PROBE_PLAIN_IDS>();
   const std::vector<gemm_probe::Compiled> fused = gemm_probe::FusedLaunchers<GEMM_PROBE_FUSED_IDS>();
+  // With K-major candidates, cuBLAS also runs on the weights read that way ("cublas_tn",
+  // their reference; the table's ratios stay against "cublas").
+  const bool any_k_major = std::any_of(plain.begin(), plain.end(),
+                                       [](const gemm_probe::Compiled& c) { return c.weights_k_major; });
   if (plain.empty()) {
     std::fprintf(stderr, "at least one plain config is needed (it is checked against cuBLAS)\n");
     return 2;
@@ -156,9 +163,11 @@ int main(int argc, char** argv) {
       const int sets = inputs.sets;
       const std::vector<uint16_t*>& xs = inputs.xs;
       const std::vector<uint16_t*>& ws = inputs.ws;
-      uint16_t *out_plain = nullptr, *out_cublas = nullptr, *out_fused = nullptr;
+      uint16_t *out_plain = nullptr, *out_cublas = nullptr, *out_cublas_tn = nullptr,
+               *out_fused = nullptr;
       CHECK_CUDA(cudaMalloc(&out_plain, size_t(m) * n2 * sizeof(uint16_t)));
       CHECK_CUDA(cudaMalloc(&out_cublas, size_t(m) * n2 * sizeof(uint16_t)));
+      CHECK_CUDA(cudaMalloc(&out_cublas_tn, size_t(m) * n2 * sizeof(uint16_t)));
       CHECK_CUDA(cudaMalloc(&out_fused, size_t(m) * n * sizeof(uint16_t)));
 
       auto problem = [&](int s, void* out) {
@@ -191,6 +200,14 @@ int main(int argc, char** argv) {
                                   CUDA_R_16BF, n2, xs[s], CUDA_R_16BF, k, &beta, out_cublas,
                                   CUDA_R_16BF, n2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }});
+      if (any_k_major)
+        variants.push_back({"cublas_tn", [&](int s) {
+          // The weight buffer as [2N, K] row-major: column-major [K, 2N], transposed.
+          CHECK_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n2, m, k, &alpha, ws[s],
+                                    CUDA_R_16BF, k, xs[s], CUDA_R_16BF, k, &beta, out_cublas_tn,
+                                    CUDA_R_16BF, n2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }});
+      const size_t first_plain = variants.size();
       for (const auto& c : plain)
         variants.push_back({"plain:" + std::to_string(c.config),
                             [&, c](int s) { check(c.launch(problem(s, out_plain), facts, stream)); }});
@@ -206,15 +223,16 @@ int main(int argc, char** argv) {
         std::printf("\n");
       }
 
-      // Does every plain kernel compute the product? (Against cuBLAS, on set 0; the largest
-      // difference over them is reported.)
-      variants[0].launch(0);
+      // Does every plain kernel compute the product? (Against cuBLAS on the weights read the
+      // same way, on set 0; the largest difference over them is reported.)
+      for (size_t v = 0; v < first_plain; ++v) variants[v].launch(0);
       float max_diff = 0.0f, max_ref = 0.0f;
-      for (size_t v = 1; v <= plain.size(); ++v) {
-        variants[v].launch(0);
+      for (size_t i = 0; i < plain.size(); ++i) {
+        variants[first_plain + i].launch(0);
         CHECK_CUDA(cudaMemsetAsync(maxima, 0, 2 * sizeof(unsigned), stream));
-        MaxDifference<<<1024, 256, 0, stream>>>(out_plain, out_cublas, size_t(m) * n2, maxima,
-                                                maxima + 1);
+        MaxDifference<<<1024, 256, 0, stream>>>(
+            out_plain, plain[i].weights_k_major ? out_cublas_tn : out_cublas, size_t(m) * n2,
+            maxima, maxima + 1);
         unsigned host_maxima[2];
         CHECK_CUDA(cudaMemcpyAsync(host_maxima, maxima, sizeof(host_maxima),
                                    cudaMemcpyDeviceToHost, stream));
@@ -274,6 +292,7 @@ int main(int argc, char** argv) {
 
       CHECK_CUDA(cudaFree(out_plain));
       CHECK_CUDA(cudaFree(out_cublas));
+      CHECK_CUDA(cudaFree(out_cublas_tn));
       CHECK_CUDA(cudaFree(out_fused));
     }
   }

@@ -22,7 +22,7 @@ FUSED_IDS=${FUSED_IDS:-0 1}
 # One kernel per translation unit, compiled in parallel (each takes about a minute).
 units=()
 for id in $PLAIN_IDS; do
-  printf '#include "plain_gemm.cuh"\ntemplate std::string gemm_probe::LaunchPlain<%d>(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&, cudaStream_t);\n' "$id" > "$BUILD/plain$id.cu"
+  printf '#include "plain_gemm.cuh"\ntemplate std::string gemm_probe::LaunchPlain<%d>(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&, cudaStream_t);\ntemplate bool gemm_probe::PlainReadsKMajorWeights<%d>();\n' "$id" "$id" > "$BUILD/plain$id.cu"
   units+=("plain$id")
 done
 for id in $FUSED_IDS; do
