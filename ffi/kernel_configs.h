@@ -33,6 +33,10 @@
 //   Config 10 is config 7 with a 1x2 cluster (each token tile multicast to two CTAs instead
 //   of each weight tile): faster on 11 of 12 rows from 7B on at M = 2048-8192 (by 0.1-2.5%),
 //   slower at 72B M=8192 and on 3B (2026-11-30-calibration-cluster-1x2.md).
+//   Config 11 is config 6 with a 4x1 cluster: each weight tile multicast to the four CTAs of
+//   an M = 512 column of tiles, as cuBLAS's kernel for that shape does with its 4x2 cluster.
+//   At 3B M=512 it took 65.4 us against 67.1 for config 6 and 65.1 for the bare GEMM (c); at
+//   1.5B M=512 it lost, 49.3 vs 39.4 (2026-12-01-calibration-clusters-m512.md).
 //   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
 #define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)                          \
   X(0, Cooperative, 128, 256, 64, 2, 1, Persistent, DirectStore)   \
@@ -45,10 +49,11 @@
   X(7, Cooperative, 256, 192, 64, 2, 1, Persistent, DirectStore)   \
   X(8, Cooperative, 128, 320, 64, 1, 1, Persistent, DirectStore)   \
   X(9, Cooperative, 128, 192, 64, 1, 1, Persistent, DirectStore)   \
-  X(10, Cooperative, 256, 192, 64, 1, 2, Persistent, DirectStore)
+  X(10, Cooperative, 256, 192, 64, 1, 2, Persistent, DirectStore)  \
+  X(11, Pingpong, 128, 192, 64, 4, 1, Persistent, DirectStore)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 11
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 12
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the
@@ -63,7 +68,7 @@ namespace jax_swiglu {
 
 // Gate/up block width of the packed weight layout: packed column block 2b holds gate
 // columns [32b, 32b + 32) and block 2b + 1 the up columns of the same range, so a tile's
-// packed width may be any multiple of 64 (192: configs 6, 7, 9 and 10; 320: config 8). See
+// packed width may be any multiple of 64 (192: configs 6, 7, 9, 10 and 11; 320: config 8). See
 // jax_swiglu/_layout.py, which owns the layout; the kernels only read it.
 inline constexpr int kGateUpBlock = 32;
 

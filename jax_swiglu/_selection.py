@@ -92,7 +92,10 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #       config 10), each beside the bare GEMM (c); -cluster-1x2.md: config 10 against 7 on
 #       7B..72B at M = 2048, 4096, 8192 and 3B, and pingpong 128x128 with 1x2 and 1x1 clusters;
 #       -direct-store-small-m.md: configs 2, 3, 4, 8, 9 against their direct-store twins at
-#       M = 32, 64, 128 (all took the direct store; the rows' times below predate it).
+#       M = 32, 64, 128 (all took the direct store; the rows' times below predate it);
+#   2026-12-01-calibration-clusters-m512.md  4-CTA and 8-CTA clusters (cuBLAS's 4x2 at 3B
+#       M=512) on pingpong 128x128 and 128x192 tiles against configs 1, 6, 7, 0.5B..14B at
+#       M = 512 and 0.5B..3B at M = 2048, 8192 (config 11 kept for 3B M=512).
 # The -pingpong-clusters and -64-row-tiles runs number the configs as they were then: their 4
 # is config 1 now and their 7 is config 4. Their 5 (pingpong 128x128, 2x2 cluster) tied
 # their 4 at M = 512 (1.5B 46.4 vs 46.6 us, 3B 71.4 vs 72.8) and lost elsewhere; their 1
@@ -134,13 +137,21 @@ SELECTION_TABLE: tuple[Rule, ...] = (
     Rule(128, "interleaved", 2,
          "M <= 128: one 128-row tile, 128x256 tiles, no cluster (a 2x1 cluster would idle "
          "half its CTAs on the empty second row of tiles)"),
+    Rule(512, "interleaved", 11,
+         "384 < M <= 512, 8960 < N <= 11008 (3B): config 6's pingpong 128x192 tiles with a 4x1 "
+         "cluster, so the four CTAs of a column of tiles share each weight tile's load, as "
+         "cuBLAS's kernel here does with a 4x2 cluster (M=512: 65.4 vs 67.1 us for config 6, "
+         "the bare GEMM 65.1; pingpong 128x128 with a 4x2 cluster 65.7, 128x192 2x2 65.5). "
+         "Lost at 1.5B (49.3 vs 39.4) and at M >= 2048, 0.5B..3B (3B M=2048 240.4 vs 225.5)",
+         min_m=384, min_n=8960, max_n=11008),
     Rule(512, "interleaved", 6,
-         "384 < M <= 512, 6144 < N <= 11008 (1.5B, 3B): pingpong 128x192 tiles with a 2x1 "
+         "384 < M <= 512, 6144 < N <= 8960 (1.5B; 3B had it until config 11 above): pingpong "
+         "128x192 tiles with a 2x1 "
          "cluster make 2.85 and 3.5 waves at M = 512 where 128x128 tiles make 4.24 and 5.2 "
          "(1.5B 39.3 vs 43.2 us for config 1, 3B 66.4 vs 68.0, with 16-byte stores; before "
          "them 1.5B 41.7 vs 43.5 and 3B a loss, 70.1 vs 68.2). Measured at M = 512 only; by "
          "the same wave count they would tie at two rows of tiles (M = 129-256) and trail at "
-         "three (257-384), so M <= 384 keeps config 1", min_m=384, min_n=6144, max_n=11008),
+         "three (257-384), so M <= 384 keeps config 1", min_m=384, min_n=6144, max_n=8960),
     Rule(512, "interleaved", 1,
          "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
          "other warpgroup's mainloop, and enough CTAs on these N (M=512: 0.5B 17.8 vs 19.0 us "

@@ -73,7 +73,9 @@ def test_measured_choices():
     assert pick(64, "qwen2.5-7b") == ("interleaved", 4, 1)  # 64-row pingpong tiles
     assert pick(512, "qwen2.5-1.5b") == ("interleaved", 6, 1)  # pingpong 128x192 2x1
     assert pick(384, "qwen2.5-1.5b") == ("interleaved", 1, 1)  # 3 rows of tiles: 128x128
-    assert pick(512, "qwen2.5-3b") == ("interleaved", 6, 1)  # since 16-byte stores
+    assert pick(512, "qwen2.5-3b") == ("interleaved", 11, 1)  # 128x192, 4x1 cluster
+    assert pick(448, "qwen2.5-3b") == ("interleaved", 11, 1)
+    assert pick(384, "qwen2.5-3b") == ("interleaved", 1, 1)
     assert pick(512, "qwen2.5-7b") == ("interleaved", 1, 1)  # pingpong 128x128 2x1
     assert pick(128, "qwen2.5-1.5b") == ("interleaved", 9, 1)  # cooperative 128x192 1x1
     assert pick(128, "qwen2.5-3b") == ("interleaved", 9, 1)

@@ -8,9 +8,11 @@
 #include <cutlass/kernel_hardware_info.hpp>
 #include <cutlass/numeric_types.h>
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "../launch.h"
 
@@ -42,6 +44,40 @@ cudaError_t EnsureSharedMemoryLimit(int device) {
   return err;
 }
 
+// How many clusters of `cluster_dims` CTAs of `Kernel` the device runs at once (0 if the
+// query fails), once per device and cluster shape. A persistent grid sized beyond it would
+// leave some clusters waiting for others to finish, a second ragged wave; CUTLASS's own
+// estimate assumes whole 18-SM GPCs, which clusters of 4 or 8 CTAs do not get on an H200.
+// Call after EnsureSharedMemoryLimit (the query sees the kernel's shared-memory limit).
+template <class Kernel>
+int MaxActiveClusters(int device, dim3 cluster_dims) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, int> known;
+  const int cluster_size = static_cast<int>(cluster_dims.x * cluster_dims.y * cluster_dims.z);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find({device, cluster_size});
+  if (it != known.end()) return it->second;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = cluster_dims.x;
+  cluster.val.clusterDim.y = cluster_dims.y;
+  cluster.val.clusterDim.z = cluster_dims.z;
+  cudaLaunchConfig_t config{};
+  config.gridDim = cluster_dims;
+  config.blockDim = Kernel::get_block_shape();
+  config.dynamicSmemBytes = Kernel::SharedStorageSize;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, cutlass::device_kernel<Kernel>, &config) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; fall back to CUTLASS's estimate
+    clusters = 0;
+  }
+  known[{device, cluster_size}] = clusters;
+  return clusters;
+}
+
 // The arguments of `Kernel` (any mainloop + SwiGluEpilogue) on the packed
 // [M, 2 N_pad, K] problem, around the kernel's own mainloop arguments, with the tile order.
 template <class Kernel>
@@ -67,10 +103,16 @@ typename Kernel::Arguments GemmArguments(typename Kernel::MainloopArguments main
 // descriptors) and, for a kernel that needs one, initializes its workspace (an async
 // memset on `stream`). No allocation, no synchronization.
 template <class Kernel>
-std::string LaunchGemm(const typename Kernel::Arguments& args, const SwigluProblem& p,
+std::string LaunchGemm(typename Kernel::Arguments args, const SwigluProblem& p,
                        const DeviceFacts& facts, dim3 cluster_dims, cudaStream_t stream,
                        const char* kernel_name) {
   const std::string name(kernel_name);
+  if (cudaError_t err = EnsureSharedMemoryLimit<Kernel>(facts.device); err != cudaSuccess) {
+    return std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(err);
+  }
+  if (cluster_dims.x * cluster_dims.y * cluster_dims.z > 1) {
+    args.hw_info.max_active_clusters = MaxActiveClusters<Kernel>(facts.device, cluster_dims);
+  }
   if (!Kernel::can_implement(args)) {
     return name + " kernel cannot implement M=" + std::to_string(p.m) + " N=" +
            std::to_string(p.n) + " K=" + std::to_string(p.k) +
@@ -88,9 +130,6 @@ std::string LaunchGemm(const typename Kernel::Arguments& args, const SwigluProbl
   }
 
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, p.workspace);
-  if (cudaError_t err = EnsureSharedMemoryLimit<Kernel>(facts.device); err != cudaSuccess) {
-    return std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(err);
-  }
 
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
