@@ -146,8 +146,8 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          min_m=384, min_n=8960, max_n=11008),
     Rule(512, "interleaved", 6,
          "384 < M <= 512, 6144 < N <= 8960 (1.5B; 3B had it until config 11 above): pingpong "
-         "128x192 tiles with a 2x1 "
-         "cluster make 2.85 and 3.5 waves at M = 512 where 128x128 tiles make 4.24 and 5.2 "
+         "128x192 tiles with a 2x1 cluster make 2.85 and 3.5 waves at M = 512 where 128x128 "
+         "tiles make 4.24 and 5.2 "
          "(1.5B 39.3 vs 43.2 us for config 1, 3B 66.4 vs 68.0, with 16-byte stores; before "
          "them 1.5B 41.7 vs 43.5 and 3B a loss, 70.1 vs 68.2). Measured at M = 512 only; by "
          "the same wave count they would tie at two rows of tiles (M = 129-256) and trail at "
