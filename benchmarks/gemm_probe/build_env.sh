@@ -11,7 +11,10 @@ find_first() {
 CUBLAS_HEADER=$(find_first cublas_v2.h)
 CUBLAS_LIBRARY=$(find_first 'libcublas.so*')
 [ -n "$CUBLAS_HEADER" ] && [ -n "$CUBLAS_LIBRARY" ] || { echo "cuBLAS not found"; exit 1; }
-FLAGS=(-std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr
+# CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED: CuTe picks wgmma widths that are not multiples of 32
+# (160, 176, 112, ...) only with it; without it a 176-wide tile runs as eleven 16-wide wgmmas.
+FLAGS=(-std=c++17 -O3 -DNDEBUG -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+       -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr
        -Xcudafe=--diag_suppress=esa_on_defaulted_function_ignored
        -I ffi -I benchmarks/gemm_probe -isystem "$CUTLASS_INCLUDE" -I "$(dirname "$CUBLAS_HEADER")")
 # Links the objects in $1 (a build folder) into $1/$2 against that cuBLAS.

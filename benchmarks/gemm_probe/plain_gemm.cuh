@@ -49,7 +49,8 @@ struct EpilogueScheduleFor<jax_swiglu::Schedule::Pingpong> {
 //    (160 gets 64-byte, 176 and 112 32-byte swizzles). Widths like 176 and 112 fill the last
 //    wave better where a multiple of 64 leaves it ragged (3B M=512: 504 tiles of 128x176 on
 //    132 SMs, 96% of 4 waves, against 460 of 128x192, 87%; 0.5B M=2048: 1392 of 128x112,
-//    96% of 11 waves, against 1216 of 128x128, 92% of 10).
+//    96% of 11 waves, against 1216 of 128x128, 92% of 10). Such widths need CuTe's extended
+//    wgmma shapes (build_env.sh defines them; runs 86-87 lacked them, run 92 had them).
 enum class Orientation { kNormal, kTransposed, kWeightsKMajor };
 struct ProbeConfig {
   jax_swiglu::KernelConfig tiles;
@@ -113,13 +114,7 @@ struct PlainGemm {
   using LayoutB = std::conditional_t<kWeightsKMajor, cutlass::layout::ColumnMajor, LayoutA>;
   using LayoutD = LayoutA;
 
-  // K-major candidates store from registers (CUTLASS's no-smem epilogue), so widths that are
-  // not multiples of 64 are not timed through a TMA epilogue cut into narrow subtiles (run 86:
-  // through it, 112- and 176-wide tiles took twice as long as 128- and 192-wide ones); their
-  // 128- and 192-wide members are the references with the same epilogue.
-  using EpilogueSchedule =
-      std::conditional_t<kWeightsKMajor, cutlass::epilogue::NoSmemWarpSpecialized,
-                         typename EpilogueScheduleFor<kConfig.schedule>::type>;
+  using EpilogueSchedule = typename EpilogueScheduleFor<kConfig.schedule>::type;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
