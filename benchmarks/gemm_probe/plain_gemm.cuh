@@ -114,12 +114,12 @@ struct PlainGemm {
   using LayoutB = std::conditional_t<kWeightsKMajor, cutlass::layout::ColumnMajor, LayoutA>;
   using LayoutD = LayoutA;
 
-  using EpilogueSchedule = typename EpilogueScheduleFor<kConfig.schedule>::type;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, LayoutD, kAlignment,  // no source tensor
-      Element, LayoutD, kAlignment, EpilogueSchedule>::CollectiveOp;
+      Element, LayoutD, kAlignment,
+      typename EpilogueScheduleFor<kConfig.schedule>::type>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
