@@ -13,8 +13,9 @@ CUBLAS_LIBRARY=$(find_first 'libcublas.so*')
 [ -n "$CUBLAS_HEADER" ] && [ -n "$CUBLAS_LIBRARY" ] || { echo "cuBLAS not found"; exit 1; }
 # CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED: CuTe picks wgmma widths that are not multiples of 32
 # (160, 176, 112, ...) only with it; without it a 176-wide tile runs as eleven 16-wide wgmmas.
-# The extension is built without it, which among our configs changes only config 8 (320 wide:
-# five 64-wide wgmmas there, two 160-wide ones here), so time fused:8 here with that in mind.
+# The extension is built without it. With it, config 8 (320 wide, N-major weights) does not
+# compile: CuTe would split it into two 160-wide wgmmas, which cut the 64-column swizzle atoms
+# of N-major weights in half, so leave 8 out of PLAIN_IDS and FUSED_IDS here.
 FLAGS=(-std=c++17 -O3 -DNDEBUG -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
        -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr
        -Xcudafe=--diag_suppress=esa_on_defaulted_function_ignored

@@ -44,6 +44,26 @@ cudaError_t EnsureSharedMemoryLimit(int device) {
   return err;
 }
 
+// The launch configuration of `Kernel` on `grid` in clusters of `cluster_dims` CTAs: its
+// block, its shared memory and the cluster attribute, which is written to `cluster` (the
+// configuration points at it, so it must outlive the launch or query).
+template <class Kernel>
+cudaLaunchConfig_t KernelLaunchConfig(dim3 grid, dim3 cluster_dims, cudaStream_t stream,
+                                      cudaLaunchAttribute& cluster) {
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = cluster_dims.x;
+  cluster.val.clusterDim.y = cluster_dims.y;
+  cluster.val.clusterDim.z = cluster_dims.z;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = Kernel::get_block_shape();
+  config.dynamicSmemBytes = Kernel::SharedStorageSize;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return config;
+}
+
 // How many clusters of `cluster_dims` CTAs of `Kernel` the device runs at once (0 if the
 // query fails), once per device and cluster shape. A persistent grid sized beyond it would
 // leave some clusters waiting for others to finish, a second ragged wave; CUTLASS's own
@@ -58,16 +78,8 @@ int MaxActiveClusters(int device, dim3 cluster_dims) {
   auto it = known.find({device, cluster_size});
   if (it != known.end()) return it->second;
   cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = cluster_dims.x;
-  cluster.val.clusterDim.y = cluster_dims.y;
-  cluster.val.clusterDim.z = cluster_dims.z;
-  cudaLaunchConfig_t config{};
-  config.gridDim = cluster_dims;
-  config.blockDim = Kernel::get_block_shape();
-  config.dynamicSmemBytes = Kernel::SharedStorageSize;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  const cudaLaunchConfig_t config =
+      KernelLaunchConfig<Kernel>(cluster_dims, cluster_dims, /*stream=*/nullptr, cluster);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, cutlass::device_kernel<Kernel>, &config) !=
       cudaSuccess) {
@@ -132,18 +144,8 @@ std::string LaunchGemm(typename Kernel::Arguments args, const SwigluProblem& p,
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, p.workspace);
 
   cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = cluster_dims.x;
-  cluster.val.clusterDim.y = cluster_dims.y;
-  cluster.val.clusterDim.z = cluster_dims.z;
-
-  cudaLaunchConfig_t launch{};
-  launch.gridDim = Kernel::get_grid_shape(params);
-  launch.blockDim = Kernel::get_block_shape();
-  launch.dynamicSmemBytes = Kernel::SharedStorageSize;
-  launch.stream = stream;
-  launch.attrs = &cluster;
-  launch.numAttrs = 1;
+  const cudaLaunchConfig_t launch =
+      KernelLaunchConfig<Kernel>(Kernel::get_grid_shape(params), cluster_dims, stream, cluster);
 
   cudaError_t err = cudaLaunchKernelEx(&launch, cutlass::device_kernel<Kernel>, params);
   if (err != cudaSuccess) {
