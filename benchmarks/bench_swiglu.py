@@ -32,6 +32,7 @@ import math
 import os
 import platform
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -187,14 +188,26 @@ def _check(sets, fn):
     return float(jnp.linalg.norm(y - r) / jnp.linalg.norm(r))
 
 
+def mlp_shape(model):
+    """(K, N) of `model`: a Qwen2.5 name, or "KxN" for any other shape (e.g. "2048x11040",
+    for a calibration run that isolates one dimension)."""
+    if model in QWEN25_MLPS:
+        return QWEN25_MLPS[model]
+    match = re.fullmatch(r"(\d+)x(\d+)", model)
+    if not match:
+        raise ValueError(f"unknown model {model!r}: a Qwen2.5 name "
+                         f"({', '.join(QWEN25_MLPS)}) or KxN")
+    return int(match[1]), int(match[2])
+
+
 def flops(model, m):
     """Multiply-adds x 2 of the [M, K] x [K, 2N] product (the activation not counted)."""
-    k, n = QWEN25_MLPS[model]
+    k, n = mlp_shape(model)
     return 2 * m * k * 2 * n
 
 
 def bench_one(model, m, iterations, key, rounds=ROUNDS):
-    k, n = QWEN25_MLPS[model]
+    k, n = mlp_shape(model)
     sets = make_rotation(key, m, k, n)
     count = len(sets)
     xs = [s[0] for s in sets]

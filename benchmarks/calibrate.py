@@ -56,7 +56,7 @@ def _compiled(variant, xs, ws):
 
 
 def calibrate(model, m, iterations, key, launches, rounds=bench_swiglu.ROUNDS, gemm=False):
-    k, n = QWEN25_MLPS[model]
+    k, n = bench_swiglu.mlp_shape(model)
     sets = bench_swiglu.make_rotation(key, m, k, n)
     xs, ws = [s[0] for s in sets], [s[1] for s in sets]
     fns = {"xla": _compiled(bench_swiglu.xla_separate, xs, ws)}
@@ -72,7 +72,8 @@ def calibrate(model, m, iterations, key, launches, rounds=bench_swiglu.ROUNDS, g
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=list(QWEN25_MLPS))
+    parser.add_argument("--models", nargs="*", default=list(QWEN25_MLPS),
+                        help="Qwen2.5 names, or KxN for another shape")
     parser.add_argument("--m", nargs="*", type=int, default=[128, 512, 2048, 8192])
     parser.add_argument("--iterations", type=int, default=10,
                         help="timed calls per launch and row, split over --rounds (rounded up "

@@ -109,6 +109,22 @@ def test_every_compiled_config(kernel, config, m, key, monkeypatch):
         jax.clear_caches()
 
 
+@pytest.mark.parametrize("config", list(jax_swiglu.kernel_configs().get("interleaved", {})))
+@pytest.mark.parametrize("m", [200, 1920, 1921])
+def test_edge_tiles(config, m, key, monkeypatch):
+    """Tiles past the edge, whose loads move inside (ffi/kernels/edge_tiles.cuh), on every
+    interleaved config: M = 1921 leaves 1 row in the last 128-row tile and 129 in the last
+    256-row one; 1920 makes 15 rows of 128-row tiles, which 2x1 clusters pad with a tile wholly
+    outside; 200 is below one 256-row tile and 2x1 clusters pad it too. N = 11008 makes 115
+    tiles of 192 packed columns, an odd count that 1x2 clusters pad."""
+    monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(config))
+    jax.clear_caches()  # the variable is read at lowering
+    try:
+        check_kernel("interleaved", m, 512, 11008, key)
+    finally:
+        jax.clear_caches()
+
+
 @pytest.mark.parametrize("kernel", FUSED_KERNELS)
 @pytest.mark.parametrize("m", [7, 2048])
 def test_float16(kernel, m, key):

@@ -1,8 +1,9 @@
 // The interleaved fused SwiGLU kernel (Kernel-2 of the design).
 //
 // One CUTLASS SM90 TMA warp-specialized GEMM over [M, 2N, K] on the packed gate/up
-// matrix, assembled from parts: the CollectiveBuilder's TMA + wgmma mainloop, our
-// SwiGluEpilogue (swiglu_epilogue.cuh) and the persistent tile scheduler. Each CTA tile
+// matrix, assembled from parts: the CollectiveBuilder's TMA + wgmma mainloop (its edge
+// tiles' loads kept inside x: edge_tiles.cuh), our SwiGluEpilogue (swiglu_epilogue.cuh)
+// and the persistent tile scheduler. Each CTA tile
 // covers tile_n packed columns = tile_n / 2 output columns, so the grid has twice the
 // tiles of an [M, N] grid with the same output tile.
 #pragma once
@@ -20,6 +21,7 @@
 
 #include "../kernel_configs.h"
 #include "../launch.h"
+#include "edge_tiles.cuh"
 #include "launch_gemm.cuh"
 #include "swiglu_epilogue.cuh"
 
@@ -65,15 +67,18 @@ struct InterleavedKernel {
       SwiGluEpilogue<Element, TileShape,
                      InterleavedPairs<kConfig.schedule == Schedule::Cooperative>, kStore>;
 
-  // A = x [M, K] (K contiguous), B = packed [K, 2N] (packed N contiguous), fp32 accumulate.
+  // A = x [M, K] (K contiguous), B = packed [K, 2N] (packed N contiguous), fp32 accumulate;
+  // with the direct store, edge tiles' x loads kept inside x (edge_tiles.cuh).
   static constexpr int kAlignment = 16 / sizeof(Element);
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       Element, cutlass::layout::RowMajor, kAlignment,
       Element, cutlass::layout::RowMajor, kAlignment,
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<Epilogue::kSharedBytes>,
       typename KernelScheduleFor<kConfig.schedule>::type>::CollectiveOp;
+  using Mainloop = cute::conditional_t<Epilogue::kShiftedRows, EdgeTileMainloop<BuiltMainloop>,
+                                      BuiltMainloop>;
 
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue,

@@ -35,6 +35,7 @@ struct PingpongKernel {
   using TileShape = cute::Shape<cute::Int<kConfig.tile_m>, cute::Int<kConfig.tile_n>,
                                 cute::Int<kConfig.tile_k>>;
   using Epilogue = SwiGluEpilogue<Element, TileShape, SequentialPairs>;
+  static_assert(!Epilogue::kShiftedRows, "GateThenUpMainloop loads every tile at its own rows");
 
   // As many pipeline stages as fit beside the epilogue tile (and the kernel's barriers).
   static constexpr int kSharedBytes = 227 * 1024;

@@ -25,6 +25,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "../kernel_configs.h"
+#include "edge_tiles.cuh"
 
 namespace jax_swiglu {
 
@@ -166,6 +167,10 @@ template <class ElementD_, class CtaTileShape_, class Pairs,
 class SwiGluEpilogue {
  public:
   static constexpr bool kDirect = kStore == OutputStore::DirectStore;
+  // The direct store takes an edge tile's rows from where EdgeTileMainloop loaded them
+  // (edge_tiles.cuh); the TMA store writes whole tiles at their own place, after a mainloop
+  // that loads them there. The kernel assembly picks the mainloop by this.
+  static constexpr bool kShiftedRows = kDirect;
   using ElementD = ElementD_;
   using ElementC = void;  // no source tensor
   using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
@@ -511,8 +516,9 @@ class SwiGluEpilogue {
 
  private:
   // DirectStore: each run of 4 gate/up pairs becomes one 16-byte store of output columns
-  // 8q .. 8q + 7 of the run (lane q of a quad) at its global address; rows past M and
-  // columns past n are skipped (n is a multiple of 8, so a run's 8 columns are all inside
+  // 8q .. 8q + 7 of the run (lane q of a quad) at its global address; rows past M, rows of
+  // the tile above (in an edge tile moved inside, see kShiftedRows) and columns past n are
+  // skipped (n is a multiple of 8, so a run's 8 columns are all inside
   // or all outside). A warp's store covers 8 rows x 64 bytes: whole 32-byte sectors.
   // Nothing waits: the next tile's mainloop starts as soon as the stores are issued.
   template <int kBlocks, class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL,
@@ -530,9 +536,14 @@ class SwiGluEpilogue {
     const int m0 = get<0>(tAcc_coord(0));
     const int p0 = get<1>(tAcc_coord(0));  // 2q
     auto [m_coord, n_coord, k_coord, l_coord] = tile_coord_mnkl;
-    const int row0 = static_cast<int>(m_coord) * kTileM + m0;
+    // An edge tile's rows start where its loads did (edge_tiles.cuh); rows before the tile's
+    // own start belong to the tile above and are not stored again.
+    const int m_total = static_cast<int>(get<0>(problem_shape_mnkl));
+    const int tile_row = static_cast<int>(m_coord) * kTileM;
+    const int row0 = EdgeTileOrigin(static_cast<int>(m_coord), kTileM, m_total) + m0;
     const int col0 = static_cast<int>(n_coord) * kTileN + 4 * p0;  // 8q
-    const int rows_left = static_cast<int>(get<0>(problem_shape_mnkl)) - row0;
+    const int rows_above = tile_row - row0;
+    const int rows_left = m_total - row0;
     const int cols_left = params_.n - col0;
     const int64_t row_stride = params_.n;
     ElementD* const thread_base = params_.ptr_d + row0 * row_stride + col0;
@@ -549,7 +560,7 @@ class SwiGluEpilogue {
             auto coord = tAcc_coord(make_coord(make_coord(0, row, block), mma_m, mma_n));
             const int dm = get<0>(coord) - m0;                       // compile-time
             const int dn = Pairs::OutputColumn(get<1>(coord) - p0);  // compile-time
-            if (dm >= rows_left || dn >= cols_left) continue;
+            if (dm < rows_above || dm >= rows_left || dn >= cols_left) continue;
             *reinterpret_cast<uint4*>(thread_base + dm * row_stride + dn) =
                 RunWords<kBlocks>(accumulators, row, block, mma_m, mma_n);
           }

@@ -1,0 +1,76 @@
+// Tiles on the edge of the problem along M: where their loads of x start.
+//
+// A TMA load whose box lies partly or wholly outside the tensor fills the outside part with
+// zeros, and on the H200 that is slow enough to show in the kernel's time, more so the more
+// of the box is outside and the narrower the tile (x's box is reused over fewer columns): with
+// 128x128 tiles, M = 1921 (one row in the last row of tiles) took 73.1 us on config 3 against
+// 51.8 at M = 1920 and 55.4 at M = 2048, and M = 1920 on config 1, whose 2x1 cluster pads 15
+// rows of tiles to 16 (a tile wholly outside in every other cluster), 56.2 us against 50.0 at
+// M = 2048; 128x192 and 128x256 tiles did not slow down
+// (benchmarks/results/NVIDIA_H200/2026-12-01-calibration-edge-tiles.md). So an edge tile's
+// x box stays inside: a tile that reaches past row M loads the tile_m rows that end there
+// (M - tile_m .. M - 1), and the epilogue stores only the rows that are the tile's own
+// (>= tile * tile_m; none for a tile wholly outside). With M < tile_m nothing can move and the
+// box keeps its zeros. Along N the weight boxes stay: a partial one measured no slower (3B at
+// N = 10944, 11008, 11040: the time follows N), and where config 10's 1x2 cluster pads an odd
+// count of tiles with one wholly outside, loading the last tile inside instead measured level
+// (same record): that padding costs the wave it adds, not its loads.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+
+namespace jax_swiglu {
+
+// The first row (or column) that tile `tile` of `tile_extent` loads, along a dimension of
+// `extent`: its own start, or for a tile that reaches past the end, the start of the last
+// tile_extent-long run inside (0 if there is none).
+CUTLASS_HOST_DEVICE constexpr int EdgeTileOrigin(int tile, int tile_extent, int extent) {
+  const int start = tile * tile_extent;
+  const int last_inside = extent > tile_extent ? extent - tile_extent : 0;
+  return start < last_inside ? start : last_inside;
+}
+
+// CUTLASS's SM90 TMA mainloop `Base` with its producer's x loads moved as above; the math
+// (mma, mma_tail) is Base's. Pair it only with an epilogue that stores an edge tile's rows
+// from EdgeTileOrigin (SwiGluEpilogue's direct store: kShiftedRows).
+template <class Base>
+struct EdgeTileMainloop : Base {
+  using typename Base::MainloopPipeline;
+  using typename Base::Params;
+  using typename Base::PipelineState;
+  using typename Base::TensorStorage;
+  using typename Base::TileShape;
+
+  // Base's tiled views of x and the packed weights, plus x whole (to cut moved tiles from)
+  // and M.
+  template <class ProblemShapeMNKL>
+  CUTLASS_DEVICE auto load_init(ProblemShapeMNKL const& problem_shape_mnkl,
+                                Params const& params) const {
+    using namespace cute;
+    auto [m, n, k, l] = problem_shape_mnkl;
+    auto tiled = Base::load_init(problem_shape_mnkl, params);
+    Tensor x_mkl = params.tma_load_a.get_tma_tensor(make_shape(m, k, l));  // (m, k, l)
+    return make_tuple(get<0>(tiled), get<1>(tiled), x_mkl, static_cast<int>(m));
+  }
+
+  template <class TensorA, class TensorB, class TensorX, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline,
+                           PipelineState smem_pipe_write,
+                           cute::tuple<TensorA, TensorB, TensorX, int> const& inputs,
+                           BlockCoord const& blk_coord, KTileIterator k_tile_iter, int k_tile_count,
+                           int thread_idx, uint32_t block_rank_in_cluster,
+                           TensorStorage& shared_tensors) {
+    using namespace cute;
+    constexpr int kTileM = size<0>(TileShape{});
+    const int m_coord = static_cast<int>(get<0>(blk_coord));
+    // Tile m_coord of this view of x starts at EdgeTileOrigin (its own start but at the edge).
+    const int shift = EdgeTileOrigin(m_coord, kTileM, get<3>(inputs)) - m_coord * kTileM;
+    Tensor x_tiles = local_tile(domain_offset(make_coord(shift, 0, 0), get<2>(inputs)),
+                                TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});
+    Base::load(params, pipeline, smem_pipe_write, make_tuple(x_tiles, get<1>(inputs)), blk_coord,
+               k_tile_iter, k_tile_count, thread_idx, block_rank_in_cluster, shared_tensors);
+  }
+};
+
+}  // namespace jax_swiglu
