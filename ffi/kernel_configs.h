@@ -37,6 +37,11 @@
 //   an M = 512 column of tiles, as cuBLAS's kernel for that shape does with its 4x2 cluster.
 //   At 3B M=512 it took 65.4 us against 67.1 for config 6 and 65.1 for the bare GEMM (c); at
 //   1.5B M=512 it lost, 49.3 vs 39.4 (2026-12-01-calibration-clusters-m512.md).
+//   Config 12 is config 1 with a 1x2 cluster (each token tile multicast to the two CTAs of
+//   a pair of weight tiles): where M makes an odd count of 128-row tiles, config 1's 2x1
+//   cluster pads the last row with tiles wholly outside that still run their mainloop, and
+//   config 12 does not (M=384: 3B 51.4 vs 68.1 us, 14B 157.8 vs 199.9; M=1920: 0.5B 47.2 vs
+//   50.4); level at M=2048, slower at M=512 (2026-12-01-calibration-pingpong-1x2.md).
 //   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
 #define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)                          \
   X(0, Cooperative, 128, 256, 64, 2, 1, Persistent, DirectStore)   \
@@ -50,10 +55,11 @@
   X(8, Cooperative, 128, 320, 64, 1, 1, Persistent, DirectStore)   \
   X(9, Cooperative, 128, 192, 64, 1, 1, Persistent, DirectStore)   \
   X(10, Cooperative, 256, 192, 64, 1, 2, Persistent, DirectStore)  \
-  X(11, Pingpong, 128, 192, 64, 4, 1, Persistent, DirectStore)
+  X(11, Pingpong, 128, 192, 64, 4, 1, Persistent, DirectStore)     \
+  X(12, Pingpong, 128, 128, 64, 1, 2, Persistent, DirectStore)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 12
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 13
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the

@@ -33,7 +33,8 @@ SWIZZLES = (1, 2, 4, 8)
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """Use ``kernel`` with tile config ``config`` when ``min_m`` < M <= ``max_m`` and
-    ``min_n`` < N <= ``max_n``.
+    ``min_n`` < N <= ``max_n`` (and, with ``odd_m_tiles``, M makes an odd count of tiles
+    of that many rows).
 
     ``None`` bounds are open.
     """
@@ -47,10 +48,14 @@ class Rule:
     max_n: int | None = None
     swizzle: int = 1  # persistent scheduler: tiles visited in groups of this size
     raster: str = "heuristic"  # ... along "m", "n", or CUTLASS's heuristic
+    # Only where ceil(M / odd_m_tiles) is odd: where a 2x1 cluster of such tiles would pad
+    # the last row of tiles with one wholly outside, which still runs its mainloop.
+    odd_m_tiles: int | None = None
 
     def admits(self, m: int, n: int) -> bool:
         return (m > self.min_m and (self.max_m is None or m <= self.max_m) and n > self.min_n
-                and (self.max_n is None or n <= self.max_n))
+                and (self.max_n is None or n <= self.max_n)
+                and (self.odd_m_tiles is None or -(-m // self.odd_m_tiles) % 2 == 1))
 
 
 _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below refer to
@@ -95,7 +100,10 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 #       M = 32, 64, 128 (all took the direct store; the rows' times below predate it);
 #   2026-12-01-calibration-clusters-m512.md  4-CTA and 8-CTA clusters (cuBLAS's 4x2 at 3B
 #       M=512) on pingpong 128x128 and 128x192 tiles against configs 1, 6, 7, 0.5B..14B at
-#       M = 512 and 0.5B..3B at M = 2048, 8192 (config 11 kept for 3B M=512).
+#       M = 512 and 0.5B..3B at M = 2048, 8192 (config 11 kept for 3B M=512);
+#   2026-12-01-calibration-pingpong-1x2.md  config 12 (config 1's tiles with a 1x2 cluster)
+#       against 1 and 6, 0.5B..14B at M = 384, 512, 1664, 1920, 2048: it wins where M makes
+#       an odd count of 128-row tiles (3, 13, 15), level at 2048, slower at 512.
 # The -pingpong-clusters and -64-row-tiles runs number the configs as they were then: their 4
 # is config 1 now and their 7 is config 4. Their 5 (pingpong 128x128, 2x2 cluster) tied
 # their 4 at M = 512 (1.5B 46.4 vs 46.6 us, 3B 71.4 vs 72.8) and lost elsewhere; their 1
@@ -152,6 +160,12 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "them 1.5B 41.7 vs 43.5 and 3B a loss, 70.1 vs 68.2). Measured at M = 512 only; by "
          "the same wave count they would tie at two rows of tiles (M = 129-256) and trail at "
          "three (257-384), so M <= 384 keeps config 1", min_m=384, min_n=6144, max_n=8960),
+    Rule(512, "interleaved", 12,
+         "M <= 512, N <= 18944, an odd count of 128-row tiles: config 1's pingpong 128x128 "
+         "tiles with a 1x2 cluster (each token tile shared by two CTAs), where config 1's 2x1 "
+         "cluster would run a padding row of tiles (M=384: 3B 51.4 vs 68.1 us for config 1, "
+         "14B 157.8 vs 199.9, 0.5B 14.4 vs 17.7; at M=512, 4 rows, it loses: 0.5B 19.0 vs "
+         "17.7)", max_n=18944, odd_m_tiles=128),
     Rule(512, "interleaved", 1,
          "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
          "other warpgroup's mainloop, and enough CTAs on these N (M=512: 0.5B 17.8 vs 19.0 us "
@@ -165,6 +179,11 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "377.8 for config 6). Stores from registers since 2026-11-30 (M=512: 72B 616.8 vs "
          "618.6 us through a TMA store, 32B 380.7 vs 383.5; M=256: 350.7 vs 353.0, 222.8 vs "
          "223.9)"),
+    Rule(2048, "interleaved", 12,
+         "512 < M <= 2048, N <= 11008, an odd count of 128-row tiles: config 12, as above "
+         "(M=1664: 0.5B 42.8 vs 45.7 us for config 1, 1.5B 121.5 vs 128.5, 3B 197.6 vs 210.7 "
+         "and 207.3 for config 6; M=1920: 0.5B 47.2 vs 50.4, 1.5B 136.9 vs 143.4, 3B 228.7 vs "
+         "234.2 and 227.4 for config 6, a tie)", min_m=512, max_n=11008, odd_m_tiles=128),
     Rule(4096, "interleaved", 6,
          "1024 < M <= 4096, 8960 < N <= 11008 (3B): pingpong 128x192 tiles storing straight "
          "from registers (M=2048: 226.5 vs 232.7 us for config 1 and 229.9 for the same tiles "

@@ -72,10 +72,15 @@ def test_measured_choices():
     assert pick(1, "qwen2.5-0.5b") == ("interleaved", 4, 1)
     assert pick(64, "qwen2.5-7b") == ("interleaved", 4, 1)  # 64-row pingpong tiles
     assert pick(512, "qwen2.5-1.5b") == ("interleaved", 6, 1)  # pingpong 128x192 2x1
-    assert pick(384, "qwen2.5-1.5b") == ("interleaved", 1, 1)  # 3 rows of tiles: 128x128
+    assert pick(384, "qwen2.5-1.5b") == ("interleaved", 12, 1)  # 3 rows of tiles: 1x2 cluster
+    assert pick(256, "qwen2.5-1.5b") == ("interleaved", 1, 1)  # 2 rows: 2x1 cluster
     assert pick(512, "qwen2.5-3b") == ("interleaved", 11, 1)  # 128x192, 4x1 cluster
     assert pick(448, "qwen2.5-3b") == ("interleaved", 11, 1)
-    assert pick(384, "qwen2.5-3b") == ("interleaved", 1, 1)
+    assert pick(384, "qwen2.5-3b") == ("interleaved", 12, 1)
+    assert pick(1920, "qwen2.5-0.5b") == ("interleaved", 12, 1)  # 15 rows of 128-row tiles
+    assert pick(1664, "qwen2.5-3b") == ("interleaved", 12, 1)  # before config 6's 3B row
+    assert pick(1921, "qwen2.5-0.5b") == ("interleaved", 1, 1)  # 16 rows
+    assert pick(385, "qwen2.5-14b") == ("interleaved", 1, 1)  # 4 rows
     assert pick(512, "qwen2.5-7b") == ("interleaved", 1, 1)  # pingpong 128x128 2x1
     assert pick(128, "qwen2.5-1.5b") == ("interleaved", 9, 1)  # cooperative 128x192 1x1
     assert pick(128, "qwen2.5-3b") == ("interleaved", 9, 1)
@@ -105,7 +110,7 @@ def test_table_rows_are_reachable():
     """Every row of the table is the choice for some Qwen2.5 shape at some M."""
     used = {
         _selection._lookup(m, n)
-        for m in (1, 8, 32, 128, 512, 1024, 2048, 8192, 16384)
+        for m in (1, 8, 32, 128, 384, 512, 1024, 1920, 2048, 8192, 16384)
         for _, n in jax_swiglu.QWEN25_MLPS.values()
     }
     assert used == set(_selection.SELECTION_TABLE)
