@@ -159,7 +159,8 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "(1.5B 39.3 vs 43.2 us for config 1, 3B 66.4 vs 68.0, with 16-byte stores; before "
          "them 1.5B 41.7 vs 43.5 and 3B a loss, 70.1 vs 68.2). Measured at M = 512 only; by "
          "the same wave count they would tie at two rows of tiles (M = 129-256) and trail at "
-         "three (257-384), so M <= 384 keeps config 1", min_m=384, min_n=6144, max_n=8960),
+         "three (257-384), so M <= 384 keeps config 1 (config 12 at 257-384, below)",
+         min_m=384, min_n=6144, max_n=8960),
     Rule(512, "interleaved", 12,
          "M <= 512, N <= 18944, an odd count of 128-row tiles: config 1's pingpong 128x128 "
          "tiles with a 1x2 cluster (each token tile shared by two CTAs), where config 1's 2x1 "
