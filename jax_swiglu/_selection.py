@@ -162,11 +162,12 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "three (257-384), so M <= 384 keeps config 1 (config 12 at 257-384, below)",
          min_m=384, min_n=6144, max_n=8960),
     Rule(512, "interleaved", 12,
-         "M <= 512, N <= 18944, an odd count of 128-row tiles: config 1's pingpong 128x128 "
-         "tiles with a 1x2 cluster (each token tile shared by two CTAs), where config 1's 2x1 "
-         "cluster would run a padding row of tiles (M=384: 3B 51.4 vs 68.1 us for config 1, "
-         "14B 157.8 vs 199.9, 0.5B 14.4 vs 17.7; at M=512, 4 rows, it loses: 0.5B 19.0 vs "
-         "17.7)", max_n=18944, odd_m_tiles=128),
+         "M <= 512, 4096 < N <= 18944, an odd count of 128-row tiles: config 1's pingpong "
+         "128x128 tiles with a 1x2 cluster (each token tile shared by two CTAs), where config "
+         "1's 2x1 cluster would run a padding row of tiles (M=384: 3B 51.4 vs 68.1 us for "
+         "config 1, 14B 157.8 vs 199.9, 0.5B 14.4 vs 17.7; at M=512, 4 rows, it loses: 0.5B "
+         "19.0 vs 17.7). Measured on the Qwen2.5 shapes only (N >= 4864)",
+         min_n=4096, max_n=18944, odd_m_tiles=128),
     Rule(512, "interleaved", 1,
          "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
          "other warpgroup's mainloop, and enough CTAs on these N (M=512: 0.5B 17.8 vs 19.0 us "
@@ -181,10 +182,11 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "618.6 us through a TMA store, 32B 380.7 vs 383.5; M=256: 350.7 vs 353.0, 222.8 vs "
          "223.9)"),
     Rule(2048, "interleaved", 12,
-         "512 < M <= 2048, N <= 11008, an odd count of 128-row tiles: config 12, as above "
-         "(M=1664: 0.5B 42.8 vs 45.7 us for config 1, 1.5B 121.5 vs 128.5, 3B 197.6 vs 210.7 "
+         "512 < M <= 2048, 4096 < N <= 11008, an odd count of 128-row tiles: config 12, as "
+         "above (M=1664: 0.5B 42.8 vs 45.7 us for config 1, 1.5B 121.5 vs 128.5, 3B 197.6 vs 210.7 "
          "and 207.3 for config 6; M=1920: 0.5B 47.2 vs 50.4, 1.5B 136.9 vs 143.4, 3B 228.7 vs "
-         "234.2 and 227.4 for config 6, a tie)", min_m=512, max_n=11008, odd_m_tiles=128),
+         "234.2 and 227.4 for config 6, a tie)", min_m=512, min_n=4096, max_n=11008,
+         odd_m_tiles=128),
     Rule(4096, "interleaved", 6,
          "1024 < M <= 4096, 8960 < N <= 11008 (3B): pingpong 128x192 tiles storing straight "
          "from registers (M=2048: 226.5 vs 232.7 us for config 1 and 229.9 for the same tiles "
