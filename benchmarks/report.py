@@ -219,6 +219,9 @@ def _config_text(c) -> str:
     return (f"{c['schedule']} {c['tile_m']}x{c['tile_n']}x{c['tile_k']} "
             f"cluster {c['cluster_m']}x{c['cluster_n']}"
             + (" stream-K" if c.get("scheduler") == "stream-k" else "")
+            # split tail, or an experiment's scheduler as its JSON names it
+            + (f" {c['scheduler'].replace('-', ' ')}"
+               if c.get("scheduler") not in (None, "persistent", "stream-k") else "")
             + (" direct store" if c.get("store") == "direct" else "")
             + (f" silu-tail {c['silu_tail']}" if c.get("silu_tail") else ""))  # experiment rows
 

@@ -181,6 +181,17 @@ const char* ScheduleName(jax_swiglu::Schedule s) {
   return s == jax_swiglu::Schedule::Cooperative ? "cooperative" : "pingpong";
 }
 
+const char* SchedulerName(jax_swiglu::TileScheduler s) {
+  switch (s) {
+    case jax_swiglu::TileScheduler::StreamK:
+      return "stream-k";
+    case jax_swiglu::TileScheduler::SplitTail:
+      return "split-tail";
+    default:
+      return "persistent";
+  }
+}
+
 // Every FFI target: its name (which says what runs), the kernel and dtype it runs, and
 // its handler. The one list that both functions below read.
 struct Target {
@@ -249,7 +260,7 @@ NB_MODULE(_kernels, m) {
         d["tile_k"] = c.tile_k;
         d["cluster_m"] = c.cluster_m;
         d["cluster_n"] = c.cluster_n;
-        d["scheduler"] = c.scheduler == jax_swiglu::TileScheduler::StreamK ? "stream-k" : "persistent";
+        d["scheduler"] = SchedulerName(c.scheduler);
         d["store"] = c.store == jax_swiglu::OutputStore::DirectStore ? "direct" : "tma";
         l.append(d);
       }

@@ -15,6 +15,9 @@
 //   scheduler: Persistent (whole output tiles, one CTA per SM) or StreamK (CTAs also split
 //   tiles along K and add their partial sums in a workspace, so the last wave is not
 //   ragged: for problems of a few waves, e.g. M <= 128 on a wide N).
+//   SplitTail: Persistent, but where the last round of tiles would leave half the CTAs or
+//   more idle, its tiles run as two 64-row halves on two CTAs each, no partial sums
+//   (kernels/split_tail.cuh; pingpong 128-row tiles with the direct store only).
 //   store: TmaStore (the output tile goes registers -> shared memory -> one TMA store) or
 //   DirectStore (registers -> global memory, 16 bytes per store, no shared-memory tile,
 //   so one more pipeline stage fits). Config 6 took it first, with 4-byte stores (1-5%
@@ -42,6 +45,13 @@
 //   cluster pads the last row with tiles wholly outside that still run their mainloop, and
 //   config 12 does not (M=384: 3B 51.4 vs 68.1 us, 14B 157.8 vs 199.9; M=1920: 0.5B 47.2 vs
 //   50.4); level at M=2048, slower at M=512 (2026-12-01-calibration-pingpong-1x2.md).
+//   Configs 13 and 14 are configs 1 and 12 with a split last round (SplitTail): where the
+//   last round of tiles (one per CTA) is at most half full, its tiles run as 64-row halves
+//   on the CTAs it would leave idle. Measured side by side (run 110,
+//   2026-12-01-calibration-split-tail*.md): config 13 against config 1 where it splits,
+//   0.5B M=512 16.9 vs 17.8 us, 768 22.4 vs 22.9, 1.5B M=1024 76.6 vs 77.6, 3B M=1024
+//   123.5 vs 124.1; config 14 at 0.5B M=1664 42.6 vs 43.0 for config 12, 2048 50.6 vs 51.4
+//   for config 1; level where the round does not split (7B M=512..2048 within 0.2%).
 //   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
 #define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)                          \
   X(0, Cooperative, 128, 256, 64, 2, 1, Persistent, DirectStore)   \
@@ -56,10 +66,12 @@
   X(9, Cooperative, 128, 192, 64, 1, 1, Persistent, DirectStore)   \
   X(10, Cooperative, 256, 192, 64, 1, 2, Persistent, DirectStore)  \
   X(11, Pingpong, 128, 192, 64, 4, 1, Persistent, DirectStore)     \
-  X(12, Pingpong, 128, 128, 64, 1, 2, Persistent, DirectStore)
+  X(12, Pingpong, 128, 128, 64, 1, 2, Persistent, DirectStore)     \
+  X(13, Pingpong, 128, 128, 64, 2, 1, SplitTail, DirectStore)     \
+  X(14, Pingpong, 128, 128, 64, 1, 2, SplitTail, DirectStore)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 13
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 15
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the
@@ -79,7 +91,7 @@ namespace jax_swiglu {
 inline constexpr int kGateUpBlock = 32;
 
 enum class Schedule { Cooperative, Pingpong };
-enum class TileScheduler { Persistent, StreamK };
+enum class TileScheduler { Persistent, StreamK, SplitTail };
 enum class OutputStore { TmaStore, DirectStore };
 
 struct KernelConfig {

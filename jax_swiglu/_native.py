@@ -38,13 +38,16 @@ class KernelConfig:
     tile_k: int
     cluster_m: int
     cluster_n: int
-    scheduler: str = "persistent"  # or "stream-k": tiles also split along K (a workspace)
+    # "persistent", "stream-k" (tiles also split along K: a workspace) or "split-tail" (the
+    # last round's tiles split into 64-row halves on otherwise idle CTAs)
+    scheduler: str = "persistent"
     store: str = "tma"  # or "direct": output from registers to global memory, no smem tile
 
     def describe(self) -> str:
         return (f"{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
                 f"cluster {self.cluster_m}x{self.cluster_n}"
                 + (", stream-K" if self.scheduler == "stream-k" else "")
+                + (", split tail" if self.scheduler == "split-tail" else "")
                 + (", direct store" if self.store == "direct" else ""))
 
 

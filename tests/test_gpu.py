@@ -79,6 +79,7 @@ def check_kernel(kernel, m, k, n, key, dtype=jnp.bfloat16):
             choice=jax_swiglu.explain(x, packed, kernel=kernel))
     assert mismatches == 0, f"{int(mismatches)} elements off (rel_fro={rel_fro:.3g})"
     assert rel_fro < 1e-2
+    return y
 
 
 @pytest.mark.parametrize("kernel", FUSED_KERNELS)
@@ -123,6 +124,41 @@ def test_edge_tiles(config, m, key, monkeypatch):
         check_kernel("interleaved", m, 512, 11008, key)
     finally:
         jax.clear_caches()
+
+
+def _split_tail_twins():
+    """(split-tail config, the persistent config with its tiles, cluster and store)."""
+    configs = jax_swiglu.kernel_configs().get("interleaved", {})
+    shape = lambda c: (c.schedule, c.tile_m, c.tile_n, c.tile_k, c.cluster_m, c.cluster_n, c.store)
+    return [(c.id, t.id) for c in configs.values() if c.scheduler == "split-tail"
+            for t in configs.values() if t.scheduler == "persistent" and shape(t) == shape(c)]
+
+
+@pytest.mark.parametrize("config, twin", _split_tail_twins())
+@pytest.mark.parametrize("m, k, n, halves", [
+    # Clusters running a half tile on 132 SMs, for 2x1 and 1x2 clusters of 128x128 tiles:
+    (2048, 896, 4864, (28, 28)),  # 0.5B: 1216 tiles, 9 rounds of 132, 28 tiles in 56 halves
+    (1921, 896, 4864, (28, 28)),  # the same tiles; the last row moved inside (1 own row)
+    (1800, 896, 4864, (28, 0)),   # 15 rows of tiles (+ a padding row, wholly outside, in 2x1)
+    (1100, 512, 1024, (28, 12)),  # 9 rows (76 own rows in the last), 2 rounds
+    (200, 512, 4096, (0, 0)),     # 128 tiles, one round: nothing to split
+])
+def test_split_tail(config, twin, m, k, n, halves, key, monkeypatch, request):
+    """The split last round (ffi/kernels/split_tail.cuh): each half runs the whole K, so the
+    output is bitwise that of the unsplit twin config, and every element is written."""
+    configs = jax_swiglu.kernel_configs()["interleaved"]
+    sms = jax.devices()[0].core_count
+    expected = {(2, 1): halves[0], (1, 2): halves[1]}.get(
+        (configs[config].cluster_m, configs[config].cluster_n))
+    if sms == 132 and expected is not None:  # the counts above are an H200's
+        assert jax_swiglu._selection.split_tail_clusters(config, m, n, sms) == expected
+    request.addfinalizer(jax.clear_caches)
+    outputs = []
+    for forced in (config, twin):
+        monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(forced))
+        jax.clear_caches()  # the variable is read at lowering
+        outputs.append(np.asarray(check_kernel("interleaved", m, k, n, key)).view(np.uint16))
+    np.testing.assert_array_equal(outputs[0], outputs[1])
 
 
 @pytest.mark.parametrize("kernel", FUSED_KERNELS)

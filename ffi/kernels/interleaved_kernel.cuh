@@ -23,6 +23,7 @@
 #include "../launch.h"
 #include "edge_tiles.cuh"
 #include "launch_gemm.cuh"
+#include "split_tail.cuh"
 #include "swiglu_epilogue.cuh"
 
 namespace jax_swiglu {
@@ -48,6 +49,11 @@ template <>
 struct TileSchedulerFor<TileScheduler::StreamK> {
   using type = cutlass::gemm::StreamKScheduler;
 };
+template <>
+struct TileSchedulerFor<TileScheduler::SplitTail> {
+  using type = SplitTailPersistentScheduler;
+};
+
 
 // kStore: the config's own output path unless a probe asks for the other one
 // (benchmarks/gemm_probe/traced_kernel.cuh).
@@ -77,8 +83,13 @@ struct InterleavedKernel {
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<Epilogue::kSharedBytes>,
       typename KernelScheduleFor<kConfig.schedule>::type>::CollectiveOp;
-  using Mainloop = cute::conditional_t<Epilogue::kShiftedRows, EdgeTileMainloop<BuiltMainloop>,
-                                      BuiltMainloop>;
+  using EdgeMainloop = cute::conditional_t<Epilogue::kShiftedRows,
+                                          EdgeTileMainloop<BuiltMainloop>, BuiltMainloop>;
+  // A split last round (split_tail.cuh): its halves' rows are stored by the direct store only.
+  static constexpr bool kSplitTail = kConfig.scheduler == TileScheduler::SplitTail;
+  static_assert(!kSplitTail || (kConfig.schedule == Schedule::Pingpong && Epilogue::kDirect),
+                "a split tail needs the pingpong schedule and the direct store");
+  using Mainloop = cute::conditional_t<kSplitTail, SplitTailMainloop<EdgeMainloop>, EdgeMainloop>;
 
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
@@ -104,6 +115,11 @@ std::string LaunchInterleaved(const SwigluProblem& p, const DeviceFacts& facts,
                               cudaStream_t stream) {
   using Assembly = InterleavedKernel<ConfigId, ElementTag>;
   constexpr KernelConfig config = Assembly::kConfig;
+  if (Assembly::kSplitTail && p.swizzle > 1) {
+    // The mainloop plans the split on tiles padded to whole clusters, not to swizzle groups.
+    return "interleaved config " + std::to_string(ConfigId) +
+           " splits its last round and takes no swizzle (got " + std::to_string(p.swizzle) + ")";
+  }
   return LaunchGemm<typename Assembly::Kernel>(InterleavedArguments<ConfigId, ElementTag>(p, facts),
                                                p, facts, dim3(config.cluster_m, config.cluster_n, 1),
                                                stream, "interleaved");

@@ -26,6 +26,7 @@
 
 #include "../kernel_configs.h"
 #include "edge_tiles.cuh"
+#include "split_tail.cuh"
 
 namespace jax_swiglu {
 
@@ -517,9 +518,9 @@ class SwiGluEpilogue {
  private:
   // DirectStore: each run of 4 gate/up pairs becomes one 16-byte store of output columns
   // 8q .. 8q + 7 of the run (lane q of a quad) at its global address; rows past M, rows of
-  // the tile above (in an edge tile moved inside, see kShiftedRows) and columns past n are
-  // skipped (n is a multiple of 8, so a run's 8 columns are all inside
-  // or all outside). A warp's store covers 8 rows x 64 bytes: whole 32-byte sectors.
+  // the tile above (in an edge tile moved inside, see kShiftedRows), the other half's rows
+  // (in a half-tile unit, split_tail.cuh) and columns past n are skipped (n is a multiple of
+  // 8, so a run's 8 columns are all inside or all outside). A warp's store covers 8 rows x 64 bytes: whole 32-byte sectors.
   // Nothing waits: the next tile's mainloop starts as soon as the stores are issued.
   template <int kBlocks, class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL,
             class AccEngine, class AccLayout, class TiledMma>
@@ -543,6 +544,8 @@ class SwiGluEpilogue {
     const int row0 = EdgeTileOrigin(static_cast<int>(m_coord), kTileM, m_total) + m0;
     const int col0 = static_cast<int>(n_coord) * kTileN + 4 * p0;  // 8q
     const int rows_above = tile_row - row0;
+    // A unit of a split last round (split_tail.cuh) computed one row of m64 atoms only.
+    const int half = SplitTailHalfOfBatchIndex(static_cast<int>(l_coord));
     const int rows_left = m_total - row0;
     const int cols_left = params_.n - col0;
     const int64_t row_stride = params_.n;
@@ -550,6 +553,7 @@ class SwiGluEpilogue {
 
     CUTLASS_PRAGMA_UNROLL
     for (int mma_m = 0; mma_m < size<1>(accumulators); ++mma_m) {
+      if (half >= 0 && mma_m != half) continue;
       CUTLASS_PRAGMA_UNROLL
       for (int row = 0; row < 2; ++row) {
         CUTLASS_PRAGMA_UNROLL
