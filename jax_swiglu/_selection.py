@@ -122,7 +122,10 @@ def split_tail_clusters(config: int, m: int, n: int, sms: int = _SMS) -> int:
 #       M = 512 and 0.5B..3B at M = 2048, 8192 (config 11 kept for 3B M=512);
 #   2026-12-01-calibration-pingpong-1x2.md  config 12 (config 1's tiles with a 1x2 cluster)
 #       against 1 and 6, 0.5B..14B at M = 384, 512, 1664, 1920, 2048: it wins where M makes
-#       an odd count of 128-row tiles (3, 13, 15), level at 2048, slower at 512.
+#       an odd count of 128-row tiles (3, 13, 15), level at 2048, slower at 512;
+#   2026-12-01-calibration-split-tail.md  configs 13 and 14 (configs 1 and 12 with a split
+#       last round) against 1 and 12, 0.5B at M = 512..2048 and 1.5B, 3B, 7B at M = 512, 1024,
+#       1664, 2048: level where nothing splits, 0.5-5% faster where it does.
 # The -pingpong-clusters and -64-row-tiles runs number the configs as they were then: their 4
 # is config 1 now and their 7 is config 4. Their 5 (pingpong 128x128, 2x2 cluster) tied
 # their 4 at M = 512 (1.5B 46.4 vs 46.6 us, 3B 71.4 vs 72.8) and lost elsewhere; their 1
