@@ -54,7 +54,6 @@ struct TileSchedulerFor<TileScheduler::SplitTail> {
   using type = SplitTailPersistentScheduler;
 };
 
-
 // kStore: the config's own output path unless a probe asks for the other one
 // (benchmarks/gemm_probe/traced_kernel.cuh).
 template <int ConfigId, class ElementTag,
@@ -67,11 +66,15 @@ struct InterleavedKernel {
   using ClusterShape =
       cute::Shape<cute::Int<kConfig.cluster_m>, cute::Int<kConfig.cluster_n>, cute::_1>;
 
+  // A split last round (split_tail.cuh): half tiles, whose rows only the direct store skips.
+  static constexpr bool kSplitTail = kConfig.scheduler == TileScheduler::SplitTail;
+
   // SiLU's reciprocal: alternating Newton and MUFU for the cooperative schedule, MUFU's
   // for pingpong (swiglu_epilogue.cuh, Silu).
   using Epilogue =
       SwiGluEpilogue<Element, TileShape,
-                     InterleavedPairs<kConfig.schedule == Schedule::Cooperative>, kStore>;
+                     InterleavedPairs<kConfig.schedule == Schedule::Cooperative>, kStore,
+                     kSplitTail>;
 
   // A = x [M, K] (K contiguous), B = packed [K, 2N] (packed N contiguous), fp32 accumulate;
   // with the direct store, edge tiles' x loads kept inside x (edge_tiles.cuh).
@@ -85,8 +88,6 @@ struct InterleavedKernel {
       typename KernelScheduleFor<kConfig.schedule>::type>::CollectiveOp;
   using EdgeMainloop = cute::conditional_t<Epilogue::kShiftedRows,
                                           EdgeTileMainloop<BuiltMainloop>, BuiltMainloop>;
-  // A split last round (split_tail.cuh): its halves' rows are stored by the direct store only.
-  static constexpr bool kSplitTail = kConfig.scheduler == TileScheduler::SplitTail;
   static_assert(!kSplitTail || (kConfig.schedule == Schedule::Pingpong && Epilogue::kDirect),
                 "a split tail needs the pingpong schedule and the direct store");
   using Mainloop = cute::conditional_t<kSplitTail, SplitTailMainloop<EdgeMainloop>, EdgeMainloop>;

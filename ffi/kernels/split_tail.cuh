@@ -102,7 +102,8 @@ class SplitTailScheduler : public cutlass::gemm::kernel::detail::PersistentTileS
   }
 
   CUTLASS_DEVICE WorkTileInfo get_current_work() const {
-    if (round_ < whole_rounds_) return get_current_work_for_linear_idx(next_tile_);  // invalid past the end
+    // CUTLASS's tile for the whole rounds (invalid past the last tile), then this CTA's half.
+    if (round_ < whole_rounds_) return get_current_work_for_linear_idx(next_tile_);
     return round_ == whole_rounds_ ? last_ : WorkTileInfo::invalid_work_tile();
   }
 
@@ -220,8 +221,8 @@ struct SplitTailMainloop : Base {
     TiledMma tiled_mma;
     // Shared-memory operands: one descriptor for the whole warpgroup.
     auto thread_mma = tiled_mma.get_slice(0);
-    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (V, MMA_M, MMA_K, PIPE)
-    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (V, MMA_N, MMA_K, PIPE)
+    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (V,MMA_M,MMA_K,PIPE)
+    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (V,MMA_N,MMA_K,PIPE)
     CUTE_STATIC_ASSERT_V(size<1>(tCrA) == Int<2>{});  // two rows of m64 atoms: the halves
 
     auto k_tile = [&](int stage) {

@@ -163,8 +163,10 @@ struct SequentialPairs {
 // DirectStore writes each thread's 16-byte runs straight to global memory and takes no
 // shared memory (every interleaved config but stream-K: ffi/kernel_configs.h says where each
 // path measured faster).
+// kHalfUnits: the scheduler may hand it a half tile (split_tail.cuh), marked in the tile's
+// batch index; only the split-tail configs' epilogues check for one.
 template <class ElementD_, class CtaTileShape_, class Pairs,
-          OutputStore kStore = OutputStore::TmaStore>
+          OutputStore kStore = OutputStore::TmaStore, bool kHalfUnits = false>
 class SwiGluEpilogue {
  public:
   static constexpr bool kDirect = kStore == OutputStore::DirectStore;
@@ -520,7 +522,8 @@ class SwiGluEpilogue {
   // 8q .. 8q + 7 of the run (lane q of a quad) at its global address; rows past M, rows of
   // the tile above (in an edge tile moved inside, see kShiftedRows), the other half's rows
   // (in a half-tile unit, split_tail.cuh) and columns past n are skipped (n is a multiple of
-  // 8, so a run's 8 columns are all inside or all outside). A warp's store covers 8 rows x 64 bytes: whole 32-byte sectors.
+  // 8, so a run's 8 columns are all inside or all outside). A warp's store covers 8 rows x 64
+  // bytes: whole 32-byte sectors.
   // Nothing waits: the next tile's mainloop starts as soon as the stores are issued.
   template <int kBlocks, class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL,
             class AccEngine, class AccLayout, class TiledMma>
@@ -545,7 +548,7 @@ class SwiGluEpilogue {
     const int col0 = static_cast<int>(n_coord) * kTileN + 4 * p0;  // 8q
     const int rows_above = tile_row - row0;
     // A unit of a split last round (split_tail.cuh) computed one row of m64 atoms only.
-    const int half = SplitTailHalfOfBatchIndex(static_cast<int>(l_coord));
+    const int half = kHalfUnits ? SplitTailHalfOfBatchIndex(static_cast<int>(l_coord)) : -1;
     const int rows_left = m_total - row0;
     const int cols_left = params_.n - col0;
     const int64_t row_stride = params_.n;
@@ -553,7 +556,7 @@ class SwiGluEpilogue {
 
     CUTLASS_PRAGMA_UNROLL
     for (int mma_m = 0; mma_m < size<1>(accumulators); ++mma_m) {
-      if (half >= 0 && mma_m != half) continue;
+      if (kHalfUnits && half >= 0 && mma_m != half) continue;
       CUTLASS_PRAGMA_UNROLL
       for (int row = 0; row < 2; ++row) {
         CUTLASS_PRAGMA_UNROLL
