@@ -223,7 +223,9 @@ def _config_text(c) -> str:
             + (f" {c['scheduler'].replace('-', ' ')}"
                if c.get("scheduler") not in (None, "persistent", "stream-k") else "")
             + (" direct store" if c.get("store") == "direct" else "")
-            + (f" silu-tail {c['silu_tail']}" if c.get("silu_tail") else ""))  # experiment rows
+            # experiments' rows
+            + (f" silu-tail {c['silu_tail']}" if c.get("silu_tail") else "")
+            + (f" staggered start {c['stagger']}" if c.get("stagger") else ""))
 
 
 def _calibration_configs(result, kernels):

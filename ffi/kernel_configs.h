@@ -51,8 +51,9 @@
 //   2026-12-01-calibration-split-tail*.md): config 13 against config 1 where it splits,
 //   0.5B M=512 16.9 vs 17.8 us, 768 22.4 vs 22.9, 1.5B M=1024 76.6 vs 77.6, 3B M=1024
 //   123.5 vs 124.1; config 14 at 0.5B M=1664 42.6 vs 43.0 for config 12, 2048 50.6 vs 51.4
-//   for config 1; level where the round does not split (7B M=512..2048 within 0.2%). Not in
-//   the selection table yet (jax_swiglu/_selection.py says why).
+//   for config 1; level where the round does not split (7B M=512..2048 within 0.2%). The
+//   selection table gives them the shapes where their last round splits (benchmark run 112:
+//   0.5B M=512 16.9 us on config 13, M=2048 50.5 on config 14).
 //   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
 #define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)                          \
   X(0, Cooperative, 128, 256, 64, 2, 1, Persistent, DirectStore)   \

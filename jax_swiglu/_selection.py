@@ -15,7 +15,7 @@ import warnings
 import jax
 import numpy as np
 
-from . import _native
+from . import _layout, _native
 
 # Public names of the implementations. "xla" is the plain XLA reference path.
 KERNELS = ("interleaved", "pingpong", "xla")
@@ -51,14 +51,33 @@ class Rule:
     # Only where ceil(M / odd_m_tiles) is odd: where a 2x1 cluster of such tiles would pad
     # the last row of tiles with one wholly outside, which still runs its mainloop.
     odd_m_tiles: int | None = None
+    # Only where the config's last round of tiles splits into halves (split_tail_clusters):
+    # elsewhere a split-tail config runs its twin's whole tiles, and the twin's row applies.
+    last_round_splits: bool = False
 
     def admits(self, m: int, n: int) -> bool:
         return (m > self.min_m and (self.max_m is None or m <= self.max_m) and n > self.min_n
                 and (self.max_n is None or n <= self.max_n)
-                and (self.odd_m_tiles is None or -(-m // self.odd_m_tiles) % 2 == 1))
+                and (self.odd_m_tiles is None or -(-m // self.odd_m_tiles) % 2 == 1)
+                and (not self.last_round_splits or split_tail_clusters(self.config, m, n) > 0))
 
 
 _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below refer to
+
+
+def split_tail_clusters(config: int, m: int, n: int, sms: int = _SMS) -> int:
+    """How many clusters of split-tail interleaved config ``config`` run a 64-row half tile in
+    the last round on a GPU of ``sms`` SMs (0: the round does not split), as the kernel plans
+    it (ffi/kernels/split_tail.cuh, SplitTailPlan): the grid is every SM in whole clusters, but
+    no more CTAs than tiles, and the tiles are padded to whole clusters."""
+    c = _native.kernel_configs()["interleaved"][config]
+    cluster = c.cluster_m * c.cluster_n
+    tiles_m = -(-m // c.tile_m)
+    tiles_n = -(-2 * _layout.padded_n(n) // c.tile_n)
+    tiles = (-(-tiles_m // c.cluster_m) * c.cluster_m) * (-(-tiles_n // c.cluster_n) * c.cluster_n)
+    ctas = min(sms // cluster * cluster, tiles)
+    last = tiles % ctas
+    return 2 * (last // cluster) if last and 2 * last <= ctas else 0
 
 # Rows are tried in order; the first that admits (M, N) wins. Derived from runs on
 # an H200, all under benchmarks/results/NVIDIA_H200/ (each row's "why" quotes GPU times
@@ -108,10 +127,6 @@ _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below re
 # is config 1 now and their 7 is config 4. Their 5 (pingpong 128x128, 2x2 cluster) tied
 # their 4 at M = 512 (1.5B 46.4 vs 46.6 us, 3B 71.4 vs 72.8) and lost elsewhere; their 1
 # and 6 (pingpong 64x256) won nowhere; all three were removed.
-# Configs 13 and 14 (configs 1 and 12 with a split last round, ffi/kernels/split_tail.cuh) have
-# no row yet: measured 0.5-5% faster than their twins where the last round splits and level
-# elsewhere (2026-12-01-calibration-split-tail.md), they wait for a benchmark run of the rows
-# that would take them (among the benchmark's, 0.5B M=512 and M=2048).
 # The pingpong kernel (Kernel-1) has no row: it was slower than the best interleaved config
 # on every shape and M (1.1-1.3x at M = 128, 1.4-2.6x at M >= 2048; README, "The kernels").
 # An "xla" row runs the reference lowering on the packed weights (one [K, 2N] GEMM with an
@@ -172,6 +187,12 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "config 1, 14B 157.8 vs 199.9, 0.5B 14.4 vs 17.7; at M=512, 4 rows, it loses: 0.5B "
          "19.0 vs 17.7). Measured on the Qwen2.5 shapes only (N >= 4864)",
          min_n=4096, max_n=18944, odd_m_tiles=128),
+    Rule(512, "interleaved", 13,
+         "M <= 512, N <= 11008, where the last round of tiles is at most half full: config 1 "
+         "with that round's tiles run as 64-row halves on the CTAs it would leave idle "
+         "(ffi/kernels/split_tail.cuh; M=512: 0.5B 16.9 vs 17.8 us for config 1; 1.5B 42.7 vs "
+         "43.9 and 3B 65.8 vs 68.4, where the rows above keep configs 6 and 11)",
+         max_n=11008, last_round_splits=True),
     Rule(512, "interleaved", 1,
          "M <= 512, N <= 18944: pingpong 128x128 tiles hide each tile's epilogue behind the "
          "other warpgroup's mainloop, and enough CTAs on these N (M=512: 0.5B 17.8 vs 19.0 us "
@@ -185,12 +206,21 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "377.8 for config 6). Stores from registers since 2026-11-30 (M=512: 72B 616.8 vs "
          "618.6 us through a TMA store, 32B 380.7 vs 383.5; M=256: 350.7 vs 353.0, 222.8 vs "
          "223.9)"),
+    Rule(2048, "interleaved", 14,
+         "1024 < M <= 2048, N <= 6144 (0.5B), where the last round of tiles is at most half "
+         "full: config 12 with that round's tiles split as above (M=2048: 50.6 vs 51.4 us for "
+         "config 1; M=1664: 42.6 vs 43.0 for config 12; M=1792: 46.0 vs 46.8 for both)",
+         min_m=1024, max_n=6144, last_round_splits=True),
     Rule(2048, "interleaved", 12,
          "512 < M <= 2048, 4096 < N <= 11008, an odd count of 128-row tiles: config 12, as "
          "above (M=1664: 0.5B 42.8 vs 45.7 us for config 1, 1.5B 121.5 vs 128.5, 3B 197.6 vs 210.7 "
          "and 207.3 for config 6; M=1920: 0.5B 47.2 vs 50.4, 1.5B 136.9 vs 143.4, 3B 228.7 vs "
          "234.2 and 227.4 for config 6, a tie)", min_m=512, min_n=4096, max_n=11008,
          odd_m_tiles=128),
+    Rule(1024, "interleaved", 13,
+         "512 < M <= 1024, N <= 11008, where the last round splits: config 13, as above "
+         "(M=1024: 1.5B 76.6 vs 77.6 us for config 1, 3B 123.5 vs 124.1; M=768: 0.5B 22.4 vs "
+         "22.9)", min_m=512, max_n=11008, last_round_splits=True),
     Rule(4096, "interleaved", 6,
          "1024 < M <= 4096, 8960 < N <= 11008 (3B): pingpong 128x192 tiles storing straight "
          "from registers (M=2048: 226.5 vs 232.7 us for config 1 and 229.9 for the same tiles "

@@ -126,20 +126,6 @@ def test_edge_tiles(config, m, key, monkeypatch):
         jax.clear_caches()
 
 
-def _split_tail_clusters(config, m, n, sms):
-    """Clusters of split-tail config `config` that run a 64-row half tile in the last round on
-    `sms` SMs, 0 if the round does not split: ffi/kernels/split_tail.cuh's plan, with CUTLASS's
-    grid of every SM in whole clusters but no more CTAs than tiles padded to whole clusters."""
-    c = jax_swiglu.kernel_configs()["interleaved"][config]
-    cluster = c.cluster_m * c.cluster_n
-    tiles_m = -(-m // c.tile_m)
-    tiles_n = -(-2 * jax_swiglu._layout.padded_n(n) // c.tile_n)
-    tiles = (-(-tiles_m // c.cluster_m) * c.cluster_m) * (-(-tiles_n // c.cluster_n) * c.cluster_n)
-    ctas = min(sms // cluster * cluster, tiles)
-    last = tiles % ctas
-    return 2 * (last // cluster) if last and 2 * last <= ctas else 0
-
-
 def _split_tail_twins():
     """(split-tail config, the persistent config with its tiles, cluster and store)."""
     configs = jax_swiglu.kernel_configs().get("interleaved", {})
@@ -165,7 +151,7 @@ def test_split_tail(config, twin, m, k, n, halves, key, monkeypatch, request):
     expected = {(2, 1): halves[0], (1, 2): halves[1]}.get(
         (configs[config].cluster_m, configs[config].cluster_n))
     if sms == 132 and expected is not None:  # the counts above are an H200's
-        assert _split_tail_clusters(config, m, n, sms) == expected
+        assert jax_swiglu._selection.split_tail_clusters(config, m, n, sms) == expected
     request.addfinalizer(jax.clear_caches)
     outputs = []
     for forced in (config, twin):

@@ -73,13 +73,16 @@ def test_measured_choices():
     assert pick(64, "qwen2.5-7b") == ("interleaved", 4, 1)  # 64-row pingpong tiles
     assert pick(512, "qwen2.5-1.5b") == ("interleaved", 6, 1)  # pingpong 128x192 2x1
     assert pick(384, "qwen2.5-1.5b") == ("interleaved", 12, 1)  # 3 rows of tiles: 1x2 cluster
-    assert pick(256, "qwen2.5-1.5b") == ("interleaved", 1, 1)  # 2 rows: 2x1 cluster
+    assert pick(256, "qwen2.5-1.5b") == ("interleaved", 13, 1)  # 2 rows, 280 tiles: split tail
+    assert pick(512, "qwen2.5-0.5b") == ("interleaved", 13, 1)  # 304 tiles: 2 rounds + 40
+    assert pick(1024, "qwen2.5-0.5b") == ("interleaved", 1, 1)  # 608 tiles: the tail of 80 stays
     assert pick(512, "qwen2.5-3b") == ("interleaved", 11, 1)  # 128x192, 4x1 cluster
     assert pick(448, "qwen2.5-3b") == ("interleaved", 11, 1)
     assert pick(384, "qwen2.5-3b") == ("interleaved", 12, 1)
     assert pick(1920, "qwen2.5-0.5b") == ("interleaved", 12, 1)  # 15 rows of 128-row tiles
     assert pick(1664, "qwen2.5-3b") == ("interleaved", 12, 1)  # before config 6's 3B row
-    assert pick(1921, "qwen2.5-0.5b") == ("interleaved", 1, 1)  # 16 rows
+    assert pick(1921, "qwen2.5-0.5b") == ("interleaved", 14, 1)  # 16 rows: 9 rounds + 28 tiles
+    assert pick(2048, "qwen2.5-0.5b") == ("interleaved", 14, 1)
     assert pick(385, "qwen2.5-14b") == ("interleaved", 1, 1)  # 4 rows
     assert pick(512, "qwen2.5-7b") == ("interleaved", 1, 1)  # pingpong 128x128 2x1
     assert pick(128, "qwen2.5-1.5b") == ("interleaved", 9, 1)  # cooperative 128x192 1x1
@@ -87,7 +90,7 @@ def test_measured_choices():
     assert pick(128, "qwen2.5-14b") == ("interleaved", 2, 1)
     assert pick(512, "qwen2.5-32b") == ("interleaved", 0, 1)
     assert pick(2048, "qwen2.5-3b") == ("interleaved", 6, 1)  # 128x192, direct store
-    assert pick(1024, "qwen2.5-3b") == ("interleaved", 1, 1)  # measured at M >= 2048 only
+    assert pick(1024, "qwen2.5-3b") == ("interleaved", 13, 1)  # 1376 tiles: 10 rounds + 56
     assert pick(4096, "qwen2.5-3b") == ("interleaved", 6, 1)
     assert pick(2048, "qwen2.5-1.5b") == ("interleaved", 1, 1)
     assert pick(8192, "qwen2.5-0.5b") == ("interleaved", 6, 1)  # pingpong 128x192 2x1
@@ -230,6 +233,24 @@ def test_split_tail_configs_take_no_swizzle(monkeypatch):
         with pytest.raises(ValueError, match="takes no swizzle"):
             cuda_hlo(swiglu, _x(4096), _packed())
     jax.clear_caches()
+
+
+def test_split_tail_rows_apply_where_the_last_round_splits():
+    """The split-tail rows (configs 13 and 14) take a shape only where the last round of
+    tiles is at most half full on 132 SMs; elsewhere their twins' rows apply."""
+    for rule in _selection.SELECTION_TABLE:
+        if rule.last_round_splits:
+            assert jax_swiglu.kernel_configs()["interleaved"][rule.config].scheduler == "split-tail"
+    clusters = _selection.split_tail_clusters
+    # 0.5B (N = 4864): 76 columns of 128x128 tiles; 2048 rows make 1216 tiles, 9 rounds + 28.
+    assert clusters(13, 2048, 4864) == 28 and clusters(14, 2048, 4864) == 28
+    assert clusters(13, 1024, 4864) == 0  # 608 tiles: a last round of 80, over half
+    assert clusters(13, 512, 4864) == 40  # 304 tiles: 2 rounds + 40 tiles in 80 halves
+    assert clusters(13, 100, 512) == 0    # 16 tiles (8 and a padding row): a grid of 16
+    expected = {(512, 4864): 13, (1024, 4864): 1, (2048, 4864): 14, (1920, 4864): 12,
+                (1024, 8960): 13, (2048, 8960): 1, (512, 18944): 1, (512, 11008): 11}
+    for (m, n), config in expected.items():
+        assert _selection._lookup(m, n).config == config, (m, n)
 
 
 def test_output_store_paths_are_reported():
