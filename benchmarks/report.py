@@ -225,7 +225,8 @@ def _config_text(c) -> str:
             + (" direct store" if c.get("store") == "direct" else "")
             # experiments' rows
             + (f" silu-tail {c['silu_tail']}" if c.get("silu_tail") else "")
-            + (f" staggered start {c['stagger']}" if c.get("stagger") else ""))
+            + (f" staggered start {c['stagger']}" if c.get("stagger") else "")
+            + (f" M in {c['m_bands']} bands" if c.get("m_bands", 1) > 1 else ""))
 
 
 def _calibration_configs(result, kernels):

@@ -262,6 +262,7 @@ NB_MODULE(_kernels, m) {
         d["cluster_n"] = c.cluster_n;
         d["scheduler"] = SchedulerName(c.scheduler);
         d["store"] = c.store == jax_swiglu::OutputStore::DirectStore ? "direct" : "tma";
+        d["m_bands"] = c.m_bands;
         l.append(d);
       }
     };

@@ -54,33 +54,42 @@
 //   for config 1; level where the round does not split (7B M=512..2048 within 0.2%). The
 //   selection table gives them the shapes where their last round splits (benchmark run 112:
 //   0.5B M=512 16.9 us on config 13, M=2048 50.5 on config 14).
-//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
+//   Configs 15-17 are configs 6 and 7 with their tiles visited in bands of M (m_bands: 2, 2
+//   and 4; kernels/m_bands.cuh): CUTLASS's persistent order walks all of M for a few columns of
+//   tiles per round, so each round rereads all of x, which at M = 8192 no longer stays in L2;
+//   in bands the rounds reread one band. Run 116 (2026-12-01-calibration-m-bands.md), M=8192:
+//   3B 883.8 us on config 15 vs 927.9 on config 6 and 925.0 on 7 (the bare GEMM 888.3); 7B
+//   2691.9 on config 17 vs 2734.9 on config 10; 14B 2790.7 vs 2830.3; level at 3B M=4096.
+//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store, m_bands)
 #define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)                          \
-  X(0, Cooperative, 128, 256, 64, 2, 1, Persistent, DirectStore)   \
-  X(1, Pingpong, 128, 128, 64, 2, 1, Persistent, DirectStore)      \
-  X(2, Cooperative, 128, 256, 64, 1, 1, Persistent, DirectStore)   \
-  X(3, Cooperative, 128, 128, 64, 1, 1, Persistent, DirectStore)   \
-  X(4, Pingpong, 64, 128, 64, 1, 1, Persistent, DirectStore)       \
-  X(5, Cooperative, 128, 128, 64, 1, 1, StreamK, TmaStore)         \
-  X(6, Pingpong, 128, 192, 64, 2, 1, Persistent, DirectStore)      \
-  X(7, Cooperative, 256, 192, 64, 2, 1, Persistent, DirectStore)   \
-  X(8, Cooperative, 128, 320, 64, 1, 1, Persistent, DirectStore)   \
-  X(9, Cooperative, 128, 192, 64, 1, 1, Persistent, DirectStore)   \
-  X(10, Cooperative, 256, 192, 64, 1, 2, Persistent, DirectStore)  \
-  X(11, Pingpong, 128, 192, 64, 4, 1, Persistent, DirectStore)     \
-  X(12, Pingpong, 128, 128, 64, 1, 2, Persistent, DirectStore)     \
-  X(13, Pingpong, 128, 128, 64, 2, 1, SplitTail, DirectStore)     \
-  X(14, Pingpong, 128, 128, 64, 1, 2, SplitTail, DirectStore)
+  X(0, Cooperative, 128, 256, 64, 2, 1, Persistent, DirectStore, 1)   \
+  X(1, Pingpong, 128, 128, 64, 2, 1, Persistent, DirectStore, 1)      \
+  X(2, Cooperative, 128, 256, 64, 1, 1, Persistent, DirectStore, 1)   \
+  X(3, Cooperative, 128, 128, 64, 1, 1, Persistent, DirectStore, 1)   \
+  X(4, Pingpong, 64, 128, 64, 1, 1, Persistent, DirectStore, 1)       \
+  X(5, Cooperative, 128, 128, 64, 1, 1, StreamK, TmaStore, 1)         \
+  X(6, Pingpong, 128, 192, 64, 2, 1, Persistent, DirectStore, 1)      \
+  X(7, Cooperative, 256, 192, 64, 2, 1, Persistent, DirectStore, 1)   \
+  X(8, Cooperative, 128, 320, 64, 1, 1, Persistent, DirectStore, 1)   \
+  X(9, Cooperative, 128, 192, 64, 1, 1, Persistent, DirectStore, 1)   \
+  X(10, Cooperative, 256, 192, 64, 1, 2, Persistent, DirectStore, 1)  \
+  X(11, Pingpong, 128, 192, 64, 4, 1, Persistent, DirectStore, 1)     \
+  X(12, Pingpong, 128, 128, 64, 1, 2, Persistent, DirectStore, 1)     \
+  X(13, Pingpong, 128, 128, 64, 2, 1, SplitTail, DirectStore, 1)     \
+  X(14, Pingpong, 128, 128, 64, 1, 2, SplitTail, DirectStore, 1)     \
+  X(15, Pingpong, 128, 192, 64, 2, 1, Persistent, DirectStore, 2)     \
+  X(16, Cooperative, 256, 192, 64, 2, 1, Persistent, DirectStore, 2)  \
+  X(17, Cooperative, 256, 192, 64, 2, 1, Persistent, DirectStore, 4)
 
 // CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 15
+#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 18
 
 // Pingpong kernel (Kernel-1): gate pass then up pass per output tile, on CUTLASS's
 // pingpong schedule (one warpgroup per tile). tile_n counts packed columns too: the
 // accumulator is [gate | up], tile_n / 2 output columns, each pass tile_n / 2 wide.
-//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store)
+//   X(id, schedule, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store, m_bands)
 #define JAX_SWIGLU_PINGPONG_CONFIGS(X) \
-  X(0, Pingpong, 128, 128, 64, 1, 1, Persistent, TmaStore)
+  X(0, Pingpong, 128, 128, 64, 1, 1, Persistent, TmaStore, 1)
 
 #define JAX_SWIGLU_NUM_PINGPONG_CONFIGS 1
 
@@ -103,11 +112,14 @@ struct KernelConfig {
   int cluster_m, cluster_n;
   TileScheduler scheduler;
   OutputStore store;
+  // Persistent scheduler only: tiles visited in this many bands of M, one after the other
+  // (kernels/m_bands.cuh); M must be a multiple of m_bands whole clusters of tiles.
+  int m_bands;
 };
 
-#define JAX_SWIGLU_CONFIG_ROW(id, schedule, tm, tn, tk, cm, cn, scheduler, store)      \
-  KernelConfig{id, Schedule::schedule, tm, tn, tk, cm, cn, TileScheduler::scheduler, \
-               OutputStore::store},
+#define JAX_SWIGLU_CONFIG_ROW(id, schedule, tm, tn, tk, cm, cn, scheduler, store, m_bands) \
+  KernelConfig{id, Schedule::schedule, tm, tn, tk, cm, cn, TileScheduler::scheduler,       \
+               OutputStore::store, m_bands},
 inline constexpr KernelConfig kInterleavedConfigs[] = {
     JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
 inline constexpr KernelConfig kPingpongConfigs[] = {

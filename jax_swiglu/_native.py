@@ -42,13 +42,23 @@ class KernelConfig:
     # last round's tiles split into 64-row halves on otherwise idle CTAs)
     scheduler: str = "persistent"
     store: str = "tma"  # or "direct": output from registers to global memory, no smem tile
+    # persistent scheduler: tiles visited in this many bands of M, one after the other, so
+    # that the rounds of tiles reread one band of x from L2 (M a multiple of
+    # m_bands * tile_m * cluster_m)
+    m_bands: int = 1
 
     def describe(self) -> str:
         return (f"{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
                 f"cluster {self.cluster_m}x{self.cluster_n}"
                 + (", stream-K" if self.scheduler == "stream-k" else "")
                 + (", split tail" if self.scheduler == "split-tail" else "")
-                + (", direct store" if self.store == "direct" else ""))
+                + (", direct store" if self.store == "direct" else "")
+                + (f", M in {self.m_bands} bands" if self.m_bands > 1 else ""))
+
+    @property
+    def m_multiple(self) -> int:
+        """The M this config needs a multiple of (1: any M)."""
+        return self.m_bands * self.tile_m * self.cluster_m if self.m_bands > 1 else 1
 
 
 def kernels_available() -> bool:

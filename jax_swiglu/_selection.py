@@ -54,12 +54,17 @@ class Rule:
     # Only where the config's last round of tiles splits into halves (split_tail_clusters):
     # elsewhere a split-tail config runs its twin's whole tiles, and the twin's row applies.
     last_round_splits: bool = False
+    # Only where M is a multiple of the config's bands of whole clusters of tiles (a config
+    # with m_bands > 1 runs no other M).
+    whole_m_bands: bool = False
 
     def admits(self, m: int, n: int) -> bool:
         return (m > self.min_m and (self.max_m is None or m <= self.max_m) and n > self.min_n
                 and (self.max_n is None or n <= self.max_n)
                 and (self.odd_m_tiles is None or -(-m // self.odd_m_tiles) % 2 == 1)
-                and (not self.last_round_splits or split_tail_clusters(self.config, m, n) > 0))
+                and (not self.last_round_splits or split_tail_clusters(self.config, m, n) > 0)
+                and (not self.whole_m_bands
+                     or m % _native.kernel_configs()["interleaved"][self.config].m_multiple == 0))
 
 
 _SMS = 132  # H200/H100 SXM multiprocessors: the wave size the N ranges below refer to
@@ -123,6 +128,11 @@ def split_tail_clusters(config: int, m: int, n: int, sms: int = _SMS) -> int:
 #   2026-12-01-calibration-pingpong-1x2.md  config 12 (config 1's tiles with a 1x2 cluster)
 #       against 1 and 6, 0.5B..14B at M = 384, 512, 1664, 1920, 2048: it wins where M makes
 #       an odd count of 128-row tiles (3, 13, 15), level at 2048, slower at 512.
+#   2026-12-01-calibration-split-tail.md  configs 13 and 14 (configs 1 and 12 with a split last
+#       round) against 1 and 12, 0.5B..7B at M = 512..2048;
+#   2026-12-01-calibration-m-bands.md  configs 15-17 (configs 6 and 7 with their tiles in 2 or
+#       4 bands of M) against 6, 7 and 10, 1.5B..14B at M = 8192 (-m4096.md: level at 3B
+#       M = 4096, where x fits in L2).
 # The -pingpong-clusters and -64-row-tiles runs number the configs as they were then: their 4
 # is config 1 now and their 7 is config 4. Their 5 (pingpong 128x128, 2x2 cluster) tied
 # their 4 at M = 512 (1.5B 46.4 vs 46.6 us, 3B 71.4 vs 72.8) and lost elsewhere; their 1
@@ -238,6 +248,13 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "the fastest config on every such shape, where configs 7 and 0 trail by up to 7% and "
          "5% (M=1024: 14B 367.9 vs 393.4 us for config 7 and 375.2 for config 0; 7B 345.9 vs "
          "339.6 for config 7; 72B 1242.0 vs 1206.1 for config 0)"),
+    Rule(None, "interleaved", 15,
+         "M > 4096, 6144 < N <= 11008 (1.5B, 3B), M a multiple of 512: config 6's pingpong "
+         "128x192 tiles visited in 2 bands of M (ffi/kernels/m_bands.cuh), so the rounds of "
+         "tiles reread half of x from L2, not all of it from DRAM (M=8192: 3B 883.8 vs 927.9 us "
+         "for config 6 and 925.0 for config 7, the bare GEMM 888.3; 1.5B 546.8 vs 551.9; level "
+         "at 3B M=4096, 442.7 vs 440.9, where x fits)",
+         min_m=4096, min_n=6144, max_n=11008, whole_m_bands=True),
     Rule(None, "interleaved", 6,
          "M > 2048, N <= 8960 (0.5B, 1.5B; K = 896 and 1536): pingpong 128x192 tiles with a 2x1 "
          "cluster, the most work per tile a pingpong warpgroup holds, storing straight from "
@@ -245,6 +262,11 @@ SELECTION_TABLE: tuple[Rule, ...] = (
          "207.0 for config 7; 1.5B 560.6 vs 569.8 and 579.9; before the direct store: 0.5B "
          "196.2 vs 198.4 for config 1, 1.5B 581.5 vs 582.6 for config 0)",
          max_n=8960),
+    Rule(None, "interleaved", 17,
+         "M > 4096, 11008 < N <= 18944 (7B, 14B), M a multiple of 2048: config 7's tiles in 4 "
+         "bands of M, as above (M=8192: 7B 2691.9 vs 2734.9 us for config 10 and 2761.4 for "
+         "config 7, 2 bands 2701.1, the bare GEMM 2689.4; 14B 2790.7 vs 2830.3 and 2864.2)",
+         min_m=4096, min_n=11008, max_n=18944, whole_m_bands=True),
     Rule(None, "interleaved", 7,
          "M > 4096, N > 27648 (72B): 256x192 tiles with a 2x1 cluster sharing each weight "
          "tile, as below, where the 1x2 cluster of config 10 lost (M=8192: 10319 vs 10482 "
@@ -393,6 +415,11 @@ def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto",
     if forced:
         launch.update(_parse_forced_launch(forced, configs))
         reason += f", {CONFIG_ENV_VAR}={forced}"
+        if m % configs[launch["config"]].m_multiple:
+            # Its tile order runs M in bands of whole clusters of tiles (ffi/kernels/m_bands.cuh).
+            raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: config {launch['config']} runs M in "
+                             f"{configs[launch['config']].m_bands} bands and needs M to be a "
+                             f"multiple of {configs[launch['config']].m_multiple}, got M={m}")
         if configs[launch["config"]].scheduler == "split-tail" and launch["swizzle"] != 1:
             # Its mainloop plans the split on tiles padded to clusters, not to swizzle groups.
             raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: config {launch['config']} splits "

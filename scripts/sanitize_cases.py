@@ -171,7 +171,15 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
         data[model] = (k, n, x, jax.device_put(packed), reference)
         print(f"inputs {model} K={k} N={n}: {time.time() - start:.1f} s")
 
-    planned = sum(len(configs[kernel]) for kernel in kernels) * len(models) * len(m_values)
+    # A config that runs M in bands runs only multiples of its bands (none of the M here).
+    runs = lambda kernel, config, m: m % configs[kernel][config].m_multiple == 0
+    for kernel in kernels:
+        for config in sorted(configs[kernel]):
+            if not any(runs(kernel, config, m) for m in m_values):
+                print(f"NOTE config {config} runs M in bands of "
+                      f"{configs[kernel][config].m_multiple} rows: no case here")
+    planned = sum(runs(kernel, config, m) for kernel in kernels for config in configs[kernel]
+                  for m in m_values) * len(models)
     print(f"PLAN tool={tool} cases={planned}")
     cases = wrong = 0
     env = _selection.CONFIG_ENV_VAR
@@ -182,7 +190,7 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
             for model in models:
                 k, n, x_all, packed, reference = data[model]
                 fn = fused(kernel, n)
-                for m in m_values:
+                for m in (m for m in m_values if runs(kernel, config, m)):
                     cases += 1
                     label = f"tool={tool} kernel={kernel} config={config} {model} m={m} k={k} n={n}"
                     print(f"CASE {label}")

@@ -97,8 +97,15 @@ def test_odd_shapes(kernel, m, k, n, key):
     check_kernel(kernel, m, k, n, key)
 
 
+def _any_m_configs(kernel):
+    """The compiled configs of `kernel` that run any M (not those running M in bands, which
+    need M to be a multiple of theirs: test_m_bands)."""
+    return [c.id for c in jax_swiglu.kernel_configs().get(kernel, {}).values()
+            if c.m_multiple == 1]
+
+
 @pytest.mark.parametrize("kernel, config", [
-    (kernel, config) for kernel in FUSED_KERNELS for config in jax_swiglu.kernel_configs()[kernel]])
+    (kernel, config) for kernel in FUSED_KERNELS for config in _any_m_configs(kernel)])
 @pytest.mark.parametrize("m", [5, 300, 2048])
 def test_every_compiled_config(kernel, config, m, key, monkeypatch):
     """Configs the table does not pick for the Qwen grid above are checked too."""
@@ -110,7 +117,7 @@ def test_every_compiled_config(kernel, config, m, key, monkeypatch):
         jax.clear_caches()
 
 
-@pytest.mark.parametrize("config", list(jax_swiglu.kernel_configs().get("interleaved", {})))
+@pytest.mark.parametrize("config", _any_m_configs("interleaved"))
 @pytest.mark.parametrize("m", [200, 1920, 1921])
 def test_edge_tiles(config, m, key, monkeypatch):
     """Tiles past the edge, whose loads move inside (ffi/kernels/edge_tiles.cuh), on every
@@ -161,6 +168,36 @@ def test_split_tail(config, twin, m, k, n, halves, key, monkeypatch, request):
     np.testing.assert_array_equal(outputs[0], outputs[1])
 
 
+def _m_bands_twins():
+    """(config running M in bands, the config with its tiles, cluster and store that does not)."""
+    configs = jax_swiglu.kernel_configs().get("interleaved", {})
+    shape = lambda c: (c.schedule, c.tile_m, c.tile_n, c.tile_k, c.cluster_m, c.cluster_n, c.store,
+                       c.scheduler)
+    return [(c.id, t.id) for c in configs.values() if c.m_bands > 1
+            for t in configs.values() if t.m_bands == 1 and shape(t) == shape(c)]
+
+
+@pytest.mark.parametrize("config, twin", _m_bands_twins())
+@pytest.mark.parametrize("k, n", [(2048, 11008), (512, 1000)])  # 115 and 11 columns of tiles
+def test_m_bands(config, twin, k, n, key, monkeypatch, request):
+    """A tile order in bands of M (ffi/kernels/m_bands.cuh) changes which CTA computes a tile
+    and when, not how: the output is bitwise its twin's, every element written, at M = one and
+    two multiples of its bands; other M are refused at trace time."""
+    multiple = jax_swiglu.kernel_configs()["interleaved"][config].m_multiple
+    request.addfinalizer(jax.clear_caches)
+    for m in (multiple, 2 * multiple):
+        outputs = []
+        for forced in (config, twin):
+            monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(forced))
+            jax.clear_caches()  # the variable is read at lowering
+            outputs.append(np.asarray(check_kernel("interleaved", m, k, n, key)).view(np.uint16))
+        np.testing.assert_array_equal(outputs[0], outputs[1])
+    monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(config))
+    jax.clear_caches()
+    with pytest.raises(ValueError, match="bands"):
+        check_kernel("interleaved", multiple + 128, k, n, key)
+
+
 @pytest.mark.parametrize("kernel", FUSED_KERNELS)
 @pytest.mark.parametrize("m", [7, 2048])
 def test_float16(kernel, m, key):
@@ -168,7 +205,7 @@ def test_float16(kernel, m, key):
 
 
 @pytest.mark.parametrize("kernel, config", [(kernel, None) for kernel in FUSED_KERNELS] + [
-    ("interleaved", config) for config in jax_swiglu.kernel_configs().get("interleaved", {})])
+    ("interleaved", config) for config in _any_m_configs("interleaved")])
 def test_silu_over_the_whole_float_range(kernel, config, monkeypatch, request):
     """SiLU as the kernels compute it (MUFU exp; the reciprocal Newton's on even output columns
     and MUFU's on odd ones, or MUFU's on all in the interleaved kernel's pingpong configs)

@@ -94,8 +94,13 @@ def test_measured_choices():
     assert pick(4096, "qwen2.5-3b") == ("interleaved", 6, 1)
     assert pick(2048, "qwen2.5-1.5b") == ("interleaved", 1, 1)
     assert pick(8192, "qwen2.5-0.5b") == ("interleaved", 6, 1)  # pingpong 128x192 2x1
-    assert pick(8192, "qwen2.5-1.5b") == ("interleaved", 6, 1)
-    assert pick(8192, "qwen2.5-3b") == ("interleaved", 7, 1)  # cooperative 256x192 2x1, direct
+    assert pick(8192, "qwen2.5-1.5b") == ("interleaved", 15, 1)  # config 6 in 2 bands of M
+    assert pick(8192, "qwen2.5-3b") == ("interleaved", 15, 1)
+    assert pick(8704, "qwen2.5-3b") == ("interleaved", 15, 1)  # 17 x 512
+    assert pick(8200, "qwen2.5-3b") == ("interleaved", 7, 1)  # no whole bands: cooperative 256x192
+    assert pick(8192, "qwen2.5-7b") == ("interleaved", 17, 1)  # config 7 in 4 bands of M
+    assert pick(8192, "qwen2.5-14b") == ("interleaved", 17, 1)
+    assert pick(9216, "qwen2.5-7b") == ("interleaved", 10, 1)  # not a multiple of 2048
     assert pick(16, "qwen2.5-7b") == ("xla", None, 1)
     assert pick(128, "qwen2.5-7b") == ("interleaved", 8, 1)  # 128x320: one wave of tiles
     assert pick(128, "qwen2.5-72b") == ("interleaved", 2, 1)
@@ -113,7 +118,7 @@ def test_table_rows_are_reachable():
     """Every row of the table is the choice for some Qwen2.5 shape at some M."""
     used = {
         _selection._lookup(m, n)
-        for m in (1, 8, 32, 128, 384, 512, 1024, 1920, 2048, 8192, 16384)
+        for m in (1, 8, 32, 128, 384, 512, 1024, 1920, 2048, 8192, 8200, 16384)
         for _, n in jax_swiglu.QWEN25_MLPS.values()
     }
     assert used == set(_selection.SELECTION_TABLE)
@@ -235,6 +240,26 @@ def test_split_tail_configs_take_no_swizzle(monkeypatch):
     jax.clear_caches()
 
 
+def test_m_bands_configs_need_whole_bands(monkeypatch):
+    """A config that runs M in bands (ffi/kernels/m_bands.cuh) says so, lowers where M is a
+    multiple of its bands of whole clusters of tiles, and refuses other M at trace time."""
+    configs = jax_swiglu.kernel_configs()["interleaved"]
+    banded = [c for c in configs.values() if c.m_bands > 1]
+    assert banded, "no config with M in bands compiled"
+    for config in banded:
+        assert config.scheduler == "persistent" and config.cluster_n == 1
+        assert f"M in {config.m_bands} bands" in config.describe()
+        assert config.m_multiple == config.m_bands * config.tile_m * config.cluster_m
+        monkeypatch.setenv(_selection.CONFIG_ENV_VAR, str(config.id))
+        jax.clear_caches()
+        assert custom_calls(cuda_hlo(swiglu, _x(2 * config.m_multiple), _packed())) == [
+            ("jax_swiglu_interleaved_bf16", config.id)]
+        jax.clear_caches()
+        with pytest.raises(ValueError, match=f"multiple of {config.m_multiple}"):
+            cuda_hlo(swiglu, _x(config.m_multiple + 128), _packed())
+    jax.clear_caches()
+
+
 def test_split_tail_rows_apply_where_the_last_round_splits():
     """The split-tail rows (configs 13 and 14) take a shape only where the last round of
     tiles is at most half full on 132 SMs; elsewhere their twins' rows apply."""
@@ -276,6 +301,8 @@ def test_stream_k_config_gets_a_workspace_result():
     packed = pack_weights(*random_weights(jax.random.key(0), k, n))
     x = _x(128, k)
     for config in configs:
+        if 128 % configs[config].m_multiple:
+            continue  # runs M in bands: test_m_bands_configs_need_whole_bands
         with pytest.MonkeyPatch.context() as env:
             env.setenv(_selection.CONFIG_ENV_VAR, str(config))
             hlo = cuda_hlo(lambda x, p: swiglu(x, p, kernel="interleaved"), x, packed)

@@ -48,7 +48,7 @@ def interleaved_tiles():
     text = CONFIGS_HEADER.read_text()
     table = text[text.index("#define JAX_SWIGLU_INTERLEAVED_CONFIGS"):]
     tiles = {}
-    for match in re.finditer(r"X\((\d+), (\w+), (\d+), (\d+), \d+, \d+, \d+, \w+, (\w+)\)",
+    for match in re.finditer(r"X\((\d+), (\w+), (\d+), (\d+), \d+, \d+, \d+, \w+, (\w+), \d+\)",
                              table):
         config = int(match.group(1))
         if config in tiles:  # the next table (Kernel-1's) starts again from 0

@@ -23,6 +23,7 @@
 #include "../launch.h"
 #include "edge_tiles.cuh"
 #include "launch_gemm.cuh"
+#include "m_bands.cuh"
 #include "split_tail.cuh"
 #include "swiglu_epilogue.cuh"
 
@@ -39,18 +40,22 @@ struct KernelScheduleFor<Schedule::Pingpong> {
   using type = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 };
 
-template <TileScheduler T>
+template <TileScheduler T, int kMBands>
 struct TileSchedulerFor;
 template <>
-struct TileSchedulerFor<TileScheduler::Persistent> {
+struct TileSchedulerFor<TileScheduler::Persistent, 1> {
   using type = cutlass::gemm::PersistentScheduler;
 };
+template <int kMBands>
+struct TileSchedulerFor<TileScheduler::Persistent, kMBands> {
+  using type = MBandsPersistentScheduler<kMBands>;
+};
 template <>
-struct TileSchedulerFor<TileScheduler::StreamK> {
+struct TileSchedulerFor<TileScheduler::StreamK, 1> {
   using type = cutlass::gemm::StreamKScheduler;
 };
 template <>
-struct TileSchedulerFor<TileScheduler::SplitTail> {
+struct TileSchedulerFor<TileScheduler::SplitTail, 1> {
   using type = SplitTailPersistentScheduler;
 };
 
@@ -94,7 +99,8 @@ struct InterleavedKernel {
 
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
-                                           typename TileSchedulerFor<kConfig.scheduler>::type>;
+                                           typename TileSchedulerFor<kConfig.scheduler,
+                                                                     kConfig.m_bands>::type>;
 };
 
 template <int ConfigId, class ElementTag>
@@ -120,6 +126,13 @@ std::string LaunchInterleaved(const SwigluProblem& p, const DeviceFacts& facts,
     // The mainloop plans the split on tiles padded to whole clusters, not to swizzle groups.
     return "interleaved config " + std::to_string(ConfigId) +
            " splits its last round and takes no swizzle (got " + std::to_string(p.swizzle) + ")";
+  }
+  if (config.m_bands > 1 && p.m % (config.m_bands * config.tile_m * config.cluster_m) != 0) {
+    // The bands are whole clusters of tiles (m_bands.cuh).
+    return "interleaved config " + std::to_string(ConfigId) + " runs M in " +
+           std::to_string(config.m_bands) + " bands and needs M to be a multiple of " +
+           std::to_string(config.m_bands * config.tile_m * config.cluster_m) + " (got " +
+           std::to_string(p.m) + ")";
   }
   return LaunchGemm<typename Assembly::Kernel>(InterleavedArguments<ConfigId, ElementTag>(p, facts),
                                                p, facts, dim3(config.cluster_m, config.cluster_n, 1),
