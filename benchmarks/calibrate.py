@@ -63,14 +63,16 @@ def calibrate(model, m, iterations, key, launches, rounds=bench_swiglu.ROUNDS, g
     if gemm:
         fns["gemm"] = _compiled(bench_swiglu.gemm_only, xs, ws)
     for kernel, launch in launches:
-        try:
-            with forced(kernel, launch):
-                fns[f"{kernel}:{launch}"] = _compiled(bench_swiglu.fused("auto"), xs, ws)
-        except ValueError as error:
-            if "bands" not in str(error):
-                raise
+        config = launch.split(",")[0]
+        multiple = (jax_swiglu.kernel_configs()[kernel][int(config)].m_multiple
+                    if config.isdigit() else 1)
+        if m % multiple:
             # A config running M in bands runs only multiples of them: no column for this M.
-            print(f"  {kernel}:{launch} skipped at M={m}: {error}", flush=True)
+            print(f"  {kernel}:{launch} skipped at M={m} (needs a multiple of {multiple})",
+                  flush=True)
+            continue
+        with forced(kernel, launch):
+            fns[f"{kernel}:{launch}"] = _compiled(bench_swiglu.fused("auto"), xs, ws)
     gpu_ms, _ = bench_swiglu.measure_side_by_side(fns, (xs, ws), iterations, rounds, wall=False)
     return {"model": model, "m": m, "k": k, "n": n,
             "gpu_us": {name: t * 1e3 / len(xs) for name, t in gpu_ms.items()}}

@@ -133,15 +133,16 @@ def test_edge_tiles(config, m, key, monkeypatch):
         jax.clear_caches()
 
 
-def _split_tail_twins():
-    """(split-tail config, the persistent config with its tiles, cluster and store)."""
+def _twins(variant):
+    """(config, its twin) for each config that `variant` picks: the twin is the plain persistent
+    config with the same tiles, cluster and store (no split tail, no bands of M)."""
     configs = jax_swiglu.kernel_configs().get("interleaved", {})
     shape = lambda c: (c.schedule, c.tile_m, c.tile_n, c.tile_k, c.cluster_m, c.cluster_n, c.store)
-    return [(c.id, t.id) for c in configs.values() if c.scheduler == "split-tail"
-            for t in configs.values() if t.scheduler == "persistent" and shape(t) == shape(c)]
+    return [(c.id, t.id) for c in configs.values() if variant(c) for t in configs.values()
+            if t.scheduler == "persistent" and t.m_bands == 1 and shape(t) == shape(c)]
 
 
-@pytest.mark.parametrize("config, twin", _split_tail_twins())
+@pytest.mark.parametrize("config, twin", _twins(lambda c: c.scheduler == "split-tail"))
 @pytest.mark.parametrize("m, k, n, halves", [
     # Clusters running a half tile on 132 SMs, for 2x1 and 1x2 clusters of 128x128 tiles:
     (2048, 896, 4864, (28, 28)),  # 0.5B: 1216 tiles, 9 rounds of 132, 28 tiles in 56 halves
@@ -168,16 +169,7 @@ def test_split_tail(config, twin, m, k, n, halves, key, monkeypatch, request):
     np.testing.assert_array_equal(outputs[0], outputs[1])
 
 
-def _m_bands_twins():
-    """(config running M in bands, the config with its tiles, cluster and store that does not)."""
-    configs = jax_swiglu.kernel_configs().get("interleaved", {})
-    shape = lambda c: (c.schedule, c.tile_m, c.tile_n, c.tile_k, c.cluster_m, c.cluster_n, c.store,
-                       c.scheduler)
-    return [(c.id, t.id) for c in configs.values() if c.m_bands > 1
-            for t in configs.values() if t.m_bands == 1 and shape(t) == shape(c)]
-
-
-@pytest.mark.parametrize("config, twin", _m_bands_twins())
+@pytest.mark.parametrize("config, twin", _twins(lambda c: c.m_bands > 1))
 @pytest.mark.parametrize("k, n", [(2048, 11008), (512, 1000)])  # 115 and 11 columns of tiles
 def test_m_bands(config, twin, k, n, key, monkeypatch, request):
     """A tile order in bands of M (ffi/kernels/m_bands.cuh) changes which CTA computes a tile
