@@ -142,6 +142,16 @@ def _twins(variant):
             if t.scheduler == "persistent" and t.m_bands == 1 and shape(t) == shape(c)]
 
 
+def _assert_bitwise_twins(config, twin, m, k, n, key, monkeypatch):
+    """Configs `config` and `twin`, each forced, pass check_kernel with bitwise equal outputs."""
+    outputs = []
+    for forced in (config, twin):
+        monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(forced))
+        jax.clear_caches()  # the variable is read at lowering
+        outputs.append(np.asarray(check_kernel("interleaved", m, k, n, key)).view(np.uint16))
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
 @pytest.mark.parametrize("config, twin", _twins(lambda c: c.scheduler == "split-tail"))
 @pytest.mark.parametrize("m, k, n, halves", [
     # Clusters running a half tile on 132 SMs, for 2x1 and 1x2 clusters of 128x128 tiles:
@@ -161,12 +171,7 @@ def test_split_tail(config, twin, m, k, n, halves, key, monkeypatch, request):
     if sms == 132 and expected is not None:  # the counts above are an H200's
         assert jax_swiglu._selection.split_tail_clusters(config, m, n, sms) == expected
     request.addfinalizer(jax.clear_caches)
-    outputs = []
-    for forced in (config, twin):
-        monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(forced))
-        jax.clear_caches()  # the variable is read at lowering
-        outputs.append(np.asarray(check_kernel("interleaved", m, k, n, key)).view(np.uint16))
-    np.testing.assert_array_equal(outputs[0], outputs[1])
+    _assert_bitwise_twins(config, twin, m, k, n, key, monkeypatch)
 
 
 @pytest.mark.parametrize("config, twin", _twins(lambda c: c.m_bands > 1))
@@ -178,12 +183,7 @@ def test_m_bands(config, twin, k, n, key, monkeypatch, request):
     multiple = jax_swiglu.kernel_configs()["interleaved"][config].m_multiple
     request.addfinalizer(jax.clear_caches)
     for m in (multiple, 2 * multiple):
-        outputs = []
-        for forced in (config, twin):
-            monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(forced))
-            jax.clear_caches()  # the variable is read at lowering
-            outputs.append(np.asarray(check_kernel("interleaved", m, k, n, key)).view(np.uint16))
-        np.testing.assert_array_equal(outputs[0], outputs[1])
+        _assert_bitwise_twins(config, twin, m, k, n, key, monkeypatch)
     monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(config))
     jax.clear_caches()
     with pytest.raises(ValueError, match="bands"):
