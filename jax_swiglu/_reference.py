@@ -13,11 +13,22 @@ import jax.numpy as jnp
 from . import _layout
 
 
+def dot_precision(dtype):
+    """The dot precision that gives exact fp32 accumulation for inputs of ``dtype``.
+
+    bf16/f16 products are exact in fp32, so the default precision already accumulates them in
+    fp32 (one cuBLAS GEMM); asking for HIGHEST there makes XLA treat the dot as an fp32 one
+    and, for a one-row ``x``, emit a transpose-and-reduce fusion instead of a GEMM. Only
+    float32 inputs need HIGHEST, to be computed in full fp32 rather than TF32.
+    """
+    return (jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.dtype(jnp.float32)
+            else jax.lax.Precision.DEFAULT)
+
+
 def _dot_f32(x, w):
-    # Inputs stay in their dtype (a bf16 GEMM with fp32 accumulation on GPU); float32
-    # inputs are computed at full fp32 precision rather than TF32.
+    # Inputs stay in their dtype (a bf16 GEMM with fp32 accumulation on GPU).
     return jnp.matmul(x, w, preferred_element_type=jnp.float32,
-                      precision=jax.lax.Precision.HIGHEST)
+                      precision=dot_precision(jnp.result_type(x, w)))
 
 
 def silu_times(gate_f32, up_f32):
