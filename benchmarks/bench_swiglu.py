@@ -1,64 +1,61 @@
-"""Benchmark the fused SwiGLU kernels against XLA on the Qwen2.5 MLP shapes (bf16, GPU).
+"""Benchmark jax_swiglu against XLA, the bare GEMM and the peers a user would pick (GPU).
 
-    python benchmarks/bench_swiglu.py                 # the full suite: 7 shapes x 4 M
-    python benchmarks/bench_swiglu.py --quick         # a few configurations
-    python benchmarks/bench_swiglu.py --out-dir DIR   # where the JSON/markdown/plot go
+    python -m benchmarks.bench_swiglu --suite prefill      # Qwen2.5 shapes, M = 128 .. 8192
+    python -m benchmarks.bench_swiglu --suite decode       # 12+ public shapes, M = 1 .. 256
+    python -m benchmarks.bench_swiglu --suite held-out     # shapes and M never tuned on
+    python -m benchmarks.bench_swiglu --models llama-3-8b 5120x13824 --m 1 300
 
-Writes benchmarks/results/<gpu>/<date><tag>.json (after every configuration, so a cut-short
-run keeps its rows), then .md (table and the issue's targets) and .png (plot) from it through
-report.py, which regenerates both from a saved JSON.
+Writes benchmarks/results/<gpu>/<date>-<suite>.json after every row (a cut-short run keeps
+its rows), then .md and .png through report.py, which regenerates both from a saved JSON.
 
-Every configuration times, side by side in one run and on the same inputs:
-  xla        SiLU(x @ Wg) * (x @ Wu) in plain XLA, separate weights   (baseline a)
-  xla_stack  one XLA dot on pre-stacked [K, 2N] weights, then split/SiLU/mul (b)
-  gemm       the bare [M, K] x [K, 2N] GEMM, no activation (what cuBLAS alone costs) (c)
-  <kernel>   each fused kernel, forced                                 (d)
-  auto       jax_swiglu.swiglu with the selection table                (e)
-
-GPU time comes from CUPTI (jax.experimental.mosaic.gpu.profiler.measure): the sum of
-kernel times per call, median over iterations after warm-up, the variants timed in turn
-over interleaved rounds so clock drift is shared. Each measured call runs
-over a rotation of distinct input/weight sets whose total exceeds the L2 several times,
-so weights stream from HBM as in a real model. Wall time of the jitted call (launch
-gaps included) is reported too.
+Every row times, side by side in one run, on the same inputs:
+  xla        SiLU(x @ Wg) * (x @ Wu) in plain XLA on separate weights      (the reference)
+  gemm       the bare [M, K] x [K, 2N] GEMM, no activation: what cuBLAS alone costs
+  auto       jax_swiglu.swiglu, the launch the selection picks
+  tokamax    tokamax.gated_linear_unit (Pallas Mosaic GPU), where it installs and accepts
+             the shape (what it refuses is recorded as the row's result)
+  torch      PyTorch eager, F.silu(x @ wg) * (x @ wu), and the same replayed as a CUDA graph
+GPU time: CUPTI for the JAX variants (jax.experimental.mosaic.gpu.profiler: the sum of a
+call's kernel times), CUDA events around the calls for PyTorch (launch gaps included, as
+eager runs). Medians over interleaved rounds, each call over a rotation of distinct
+input/weight sets larger than the L2, so weights stream from HBM as in a real model. Per
+row also: the weight stream (K * 2N * 2 bytes over the time) against the device's measured
+copy bandwidth, and which launch auto ran and why.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
 import random
-import re
 import statistics
-import subprocess
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jax_swiglu
-from jax_swiglu import QWEN25_MLPS
+from jax_swiglu import _shapes
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import report  # noqa: E402  (same folder: the markdown, the targets, the plot)
+from . import environment as environment_lib
+from . import peers, report
 
-M_VALUES = (128, 512, 2048, 8192)
-QUICK = (("qwen2.5-0.5b", 128), ("qwen2.5-0.5b", 2048), ("qwen2.5-7b", 128),
-         ("qwen2.5-7b", 2048), ("qwen2.5-72b", 8192))
+SUITES = {
+    "prefill": (tuple(_shapes.QWEN25_MLPS), (128, 512, 2048, 8192)),
+    "decode": (("qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-4b", "qwen3-8b",
+                "llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3.2-1b", "mistral-small-24b",
+                "phi-4", "deepseek-coder-33b"),
+               _shapes.DECODE_M + _shapes.DECODE_RAGGED_M),
+    "held-out": (_shapes.HELD_OUT, _shapes.HELD_OUT_M),
+}
+QUICK = (("qwen2.5-0.5b", 1), ("llama-3-8b", 8), ("qwen2.5-7b", 128), ("qwen2.5-72b", 2048))
 L2_BYTES = 60 * 2**20
 ROTATION_BYTES = 3 * L2_BYTES  # data touched per measured call, at least
 MAX_SETS = 16
-ROUNDS = 3  # interleaved measurement rounds per configuration (see measure_side_by_side)
-
-
-def _stack(w_gate, w_up):
-    return jnp.concatenate([w_gate, w_up], axis=1)
+ROUNDS = 3
 
 
 # --- the variants: f(x, weights) with weights = (w_gate, w_up, stacked, packed) ------------
@@ -67,30 +64,19 @@ def xla_separate(x, w):
     return jax.nn.silu(x @ w[0]) * (x @ w[1])
 
 
-def xla_stacked(x, w):
-    n = w[0].shape[1]
-    h = x @ w[2]
-    return jax.nn.silu(h[:, :n]) * h[:, n:]
-
-
 def gemm_only(x, w):
     return x @ w[2]
 
 
-def fused(kernel):
+def fused(kernel="auto"):
     def run(x, w):
         return jax_swiglu.swiglu(x, w[3], kernel=kernel)
     run.__name__ = kernel
     return run
 
 
-def variants():
-    table = {"xla": xla_separate, "xla_stack": xla_stacked, "gemm": gemm_only}
-    for kernel in jax_swiglu.KERNELS:
-        if kernel != "xla":
-            table[kernel] = fused(kernel)
-    table["auto"] = fused("auto")
-    return table
+def variants() -> dict:
+    return {"xla": xla_separate, "gemm": gemm_only, "auto": fused("auto")}
 
 
 # --- measurement --------------------------------------------------------------------------
@@ -118,16 +104,6 @@ def _warm_up(fn, args):
     jax.block_until_ready(fn(*args))
 
 
-def _measure_gpu_ms(fn, args, iterations):
-    _warm_up(fn, args)
-    return statistics.median(_gpu_samples_ms(fn, args, iterations))
-
-
-def _measure_wall_ms(fn, args, iterations):
-    _warm_up(fn, args)
-    return statistics.median(_wall_samples_ms(fn, args, iterations))
-
-
 def round_orders(names, rounds):
     """The order of the variants in each measurement round: as given, then shuffled with
     the round number as the seed (reproducible)."""
@@ -137,13 +113,11 @@ def round_orders(names, rounds):
 def measure_side_by_side(fns, args, iterations, rounds, wall=True):
     """Median GPU and (with ``wall``; else None) wall ms of each fn, in interleaved rounds.
 
-    A run at the 700 W limit drifts (clocks, temperature) over seconds; timing each
-    variant in one block would charge that drift to whichever came last. So every round
-    times every variant for ceil(iterations / rounds) calls, in turn, and the medians
-    are over all rounds. The order changes from round to round (the first as given, then
-    seeded shuffles): in a fixed order a variant always follows the same one, and at the
-    72B M=8192 shape `auto` measured 4-11% slower than `interleaved`, the same kernel,
-    behind the long pingpong calls (runs 19 and 20).
+    A run at the power limit drifts (clocks, temperature) over seconds; timing each variant in
+    one block would charge that drift to whichever came last. So every round times every
+    variant for ceil(iterations / rounds) calls, in turn, and the medians are over all
+    rounds; the order changes from round to round (the first as given, then seeded shuffles),
+    so no variant always follows the same one.
     """
     if iterations < 1 or rounds < 1:
         raise ValueError(f"iterations and rounds must be >= 1 (got {iterations}, {rounds})")
@@ -157,6 +131,7 @@ def measure_side_by_side(fns, args, iterations, rounds, wall=True):
             gpu_samples[name] += _gpu_samples_ms(fns[name], args, per_round)
             if wall:
                 wall_samples[name] += _wall_samples_ms(fns[name], args, per_round)
+
     def medians(samples):
         return {name: statistics.median(t) for name, t in samples.items()}
     return medians(gpu_samples), (medians(wall_samples) if wall else None)
@@ -169,7 +144,8 @@ def _make_sets(key, m, k, n, count):
         x = jax.random.normal(kx, (m, k), jnp.float32).astype(jnp.bfloat16)
         w_gate = (jax.random.normal(kg, (k, n), jnp.float32) / math.sqrt(k)).astype(jnp.bfloat16)
         w_up = (jax.random.normal(ku, (k, n), jnp.float32) / math.sqrt(k)).astype(jnp.bfloat16)
-        sets.append((x, (w_gate, w_up, _stack(w_gate, w_up), jax_swiglu.pack_weights(w_gate, w_up))))
+        sets.append((x, (w_gate, w_up, jnp.concatenate([w_gate, w_up], axis=1),
+                         jax_swiglu.pack_weights(w_gate, w_up))))
     return sets
 
 
@@ -181,118 +157,85 @@ def make_rotation(key, m, k, n):
 
 
 def _check(sets, fn):
-    """Max relative error of fn against the reference on the first set (guards timings)."""
+    """Relative Frobenius error of fn against the reference on the first set."""
     x, w = sets[0]
     y = jax.jit(fn)(x, w).astype(jnp.float32)
     r = jax_swiglu.swiglu_reference(x, w[0], w[1]).astype(jnp.float32)
     return float(jnp.linalg.norm(y - r) / jnp.linalg.norm(r))
 
 
-def mlp_shape(model):
-    """(K, N) of `model`: a Qwen2.5 name, or "KxN" for any other shape (e.g. "2048x11040",
-    for a calibration run that isolates one dimension)."""
-    if model in QWEN25_MLPS:
-        return QWEN25_MLPS[model]
-    match = re.fullmatch(r"(\d+)x(\d+)", model)
-    if not match:
-        raise ValueError(f"unknown model {model!r}: a Qwen2.5 name "
-                         f"({', '.join(QWEN25_MLPS)}) or KxN")
-    return int(match[1]), int(match[2])
-
-
 def flops(model, m):
     """Multiply-adds x 2 of the [M, K] x [K, 2N] product (the activation not counted)."""
-    k, n = mlp_shape(model)
+    k, n = _shapes.mlp_shape(model)
     return 2 * m * k * 2 * n
 
 
-def bench_one(model, m, iterations, key, rounds=ROUNDS):
-    k, n = mlp_shape(model)
+def bench_one(model, m, iterations, key, rounds=ROUNDS, with_peers=True):
+    k, n = _shapes.mlp_shape(model)
     sets = make_rotation(key, m, k, n)
     count = len(sets)
     xs = [s[0] for s in sets]
     ws = [s[1] for s in sets]
     row = {"model": model, "m": m, "k": k, "n": n, "rotation_sets": count,
-           "flops": flops(model, m), "gpu_us": {}, "wall_us": {}, "rel_err": {}}
+           "flops": flops(model, m), "weight_bytes": 2 * k * 2 * n,
+           "gpu_us": {}, "wall_us": {}, "rel_err": {}, "unsupported": {}}
     named = variants()
+    if with_peers:
+        tokamax = peers.tokamax_variant()
+        if isinstance(tokamax, str):
+            row["unsupported"]["tokamax"] = tokamax
+        else:
+            why = peers.tokamax_refuses(tokamax, xs[0], ws[0])
+            if why:
+                row["unsupported"]["tokamax"] = why
+            else:
+                named["tokamax"] = tokamax
     fns = {name: jax.jit(lambda xs, ws, variant=variant: [variant(x, w) for x, w in zip(xs, ws)])
            for name, variant in named.items()}
     gpu_ms, wall_ms = measure_side_by_side(fns, (xs, ws), iterations, rounds)
     for name, variant in named.items():
         row["gpu_us"][name] = gpu_ms[name] * 1e3 / count
         row["wall_us"][name] = wall_ms[name] * 1e3 / count
-        if name not in ("gemm",):
+        if name != "gemm":
             row["rel_err"][name] = _check(sets, variant)
+    if with_peers:
+        torch_us = peers.torch_times_us(sets, iterations)
+        if isinstance(torch_us, str):
+            row["unsupported"]["torch"] = torch_us
+        else:
+            row["events_us"] = torch_us
     x0 = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
     row["auto_choice"] = jax_swiglu.explain(x0, ws[0][3])
     return row
 
 
 def measure_peak_tflops(iterations=20):
-    """bf16 GEMM rate of XLA (cuBLAS) on 8192^3 random data: the roofline we report against."""
+    """bf16 GEMM rate of XLA (cuBLAS) on 8192^3 random data: the compute roofline."""
     key = jax.random.key(1)
     a = jax.random.normal(key, (8192, 8192), jnp.float32).astype(jnp.bfloat16)
     b = jax.random.normal(jax.random.fold_in(key, 1), (8192, 8192), jnp.float32).astype(jnp.bfloat16)
-    ms = _measure_gpu_ms(jax.jit(jnp.matmul), (a, b), iterations)
+    fn = jax.jit(jnp.matmul)
+    _warm_up(fn, (a, b))
+    ms = statistics.median(_gpu_samples_ms(fn, (a, b), iterations))
     return 2 * 8192**3 / (ms * 1e-3) / 1e12
 
 
-def git_commit():
-    """Short commit of the checkout, "+" if tracked files differ from it; None outside git."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
-                              capture_output=True, text=True, timeout=30)
-        if head.returncode != 0:
-            return None
-        diff = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=here,
-                              capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("+" if diff.returncode == 1 else "")
-
-
-def environment():
-    device = jax.devices()[0]
-    env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "device": getattr(device, "device_kind", str(device)),
-        "jax": jax.__version__,
-        "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None,
-        "jax_swiglu": jax_swiglu.__version__,
-        "python": platform.python_version(),
-    }
-    try:
-        import jaxlib
-        env["jaxlib"] = jaxlib.__version__
-    except Exception:  # pragma: no cover
-        pass
-    env["git"] = git_commit()
-    try:
-        smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,"
-             "power.limit", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
-        # One line per GPU: the first is the one the runs use (jax.devices()[0]); the count
-        # says whether the host had others, idle during a one-GPU run.
-        lines = smi.stdout.strip().splitlines()
-        env["nvidia_smi"] = lines[0] if lines else None
-        env["gpus_on_host"] = len(lines)
-    except (OSError, subprocess.SubprocessError):
-        env["nvidia_smi"] = None
-    try:
-        nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=30)
-        env["nvcc"] = nvcc.stdout.strip().splitlines()[-1]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        env["nvcc"] = None
-    return env
+def measure_copy_tb_per_s(iterations=20, gigabytes=2.0):
+    """Device-to-device streaming rate: an elementwise pass over a large buffer, counting the
+    bytes read and written: the memory roofline."""
+    elements = int(gigabytes * 2**30 / 2)
+    x = jnp.ones((elements,), jnp.bfloat16)
+    fn = jax.jit(lambda x: x + jnp.bfloat16(1))
+    _warm_up(fn, (x,))
+    ms = statistics.median(_gpu_samples_ms(fn, (x,), iterations))
+    return 2 * 2 * elements / (ms * 1e-3) / 1e12
 
 
 def estimate_remaining_s(done, todo):
-    """Seconds left, from (flops, seconds) of the configurations done and the flops of those to do.
+    """Seconds left, from (flops, seconds) of the rows done and the flops of those to do.
 
-    Fits seconds = a + b * flops (compiling costs about the same per configuration, timing
-    grows with the work); with too few points, the mean time per configuration.
+    Fits seconds = a + b * flops (compiling costs about the same per row, timing grows with
+    the work); with too few points, the mean time per row.
     """
     if not done or not todo:
         return 0.0
@@ -323,57 +266,72 @@ def output_stem(out_dir, date, tag):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few configurations only")
-    parser.add_argument("--models", nargs="*", default=list(QWEN25_MLPS))
-    parser.add_argument("--m", nargs="*", type=int, default=list(M_VALUES))
+    parser.add_argument("--suite", choices=tuple(SUITES) + ("quick",), default=None,
+                        help="a predefined set of rows (default: prefill)")
+    parser.add_argument("--models", nargs="*", default=None,
+                        help="model names of jax_swiglu.PUBLIC_MLPS, or KxN")
+    parser.add_argument("--m", nargs="*", type=int, default=None)
     parser.add_argument("--iterations", type=int, default=20,
-                        help="timed calls per variant and configuration, split over --rounds "
-                             "(rounded up to a multiple of it)")
+                        help="timed calls per variant and row, split over --rounds")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="interleaved rounds: each times every variant in turn")
-    parser.add_argument("--out-dir", default=None,
-                        help="default: benchmarks/results/<gpu>/")
-    parser.add_argument("--tag", default=None,
-                        help="suffix of the file names, <date>-<tag>.json (default: quick "
-                             "with --quick, none otherwise)")
+    parser.add_argument("--no-peers", action="store_true", help="skip tokamax and PyTorch")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no new row after this many seconds")
+    parser.add_argument("--out-dir", default=None, help="default: benchmarks/results/<gpu>/")
+    parser.add_argument("--tag", default=None, help="file name suffix (default: the suite)")
     parser.add_argument("--note", action="append", default=[],
-                        help="a line for the head of the report (e.g. what the run is for); "
-                             "repeatable")
+                        help="a line for the head of the report; repeatable")
     args = parser.parse_args(argv)
 
     if jax.default_backend() != "gpu":
         raise SystemExit("the benchmark needs a GPU (jax.default_backend() is "
                          f"{jax.default_backend()!r})")
-    configs = list(QUICK) if args.quick else [(mo, m) for mo in args.models for m in args.m]
+    suite = args.suite or ("custom" if args.models or args.m else "prefill")
+    if suite == "quick":
+        rows = list(QUICK)
+    else:
+        models, ms = SUITES.get(suite, (None, None))
+        models = args.models or models or list(_shapes.QWEN25_MLPS)
+        ms = args.m or ms or SUITES["prefill"][1]
+        # M by M (each M over every model), so a run cut short by --budget-s has whole M.
+        rows = [(model, m) for m in sorted(ms) for model in models]
     start = time.perf_counter()
-    env = environment()
-    tag = args.tag if args.tag is not None else ("quick" if args.quick else "")
+    env = environment_lib.environment()
+    tag = args.tag if args.tag is not None else suite
     tag = "-" + tag.lstrip("-") if tag else ""
     out_dir = args.out_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                            env["device"].replace(" ", "_"))
     os.makedirs(out_dir, exist_ok=True)
     stem = output_stem(out_dir, env["date"][:10], tag)
 
-    result = {"environment": env, "iterations": args.iterations, "rounds": args.rounds,
-              "notes": args.note,
-              "complete": False, "peak_tflops": measure_peak_tflops(), "rows": []}
-    print(f"bf16 GEMM peak {result['peak_tflops']:.0f} TFLOP/s; {len(configs)} configurations "
-          f"-> {stem}.json", flush=True)
+    result = {"suite": suite, "environment": env, "iterations": args.iterations,
+              "rounds": args.rounds, "notes": args.note, "complete": False,
+              "peak_tflops": measure_peak_tflops(), "copy_tb_per_s": measure_copy_tb_per_s(),
+              "peers": peers.versions(), "rows": []}
+    print(f"bf16 GEMM peak {result['peak_tflops']:.0f} TFLOP/s, copy "
+          f"{result['copy_tb_per_s']:.2f} TB/s; {len(rows)} rows -> {stem}.json", flush=True)
     key = jax.random.key(0)
     done = []
-    for i, (model, m) in enumerate(configs):
+    for i, (model, m) in enumerate(rows):
+        if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
+            print(f"budget of {args.budget_s:.0f} s spent after {i} of {len(rows)} rows",
+                  flush=True)
+            break
         began = time.perf_counter()
-        row = bench_one(model, m, args.iterations, jax.random.fold_in(key, i), args.rounds)
+        row = bench_one(model, m, args.iterations, jax.random.fold_in(key, i), args.rounds,
+                        with_peers=not args.no_peers)
         result["rows"].append(row)
-        result["complete"] = i + 1 == len(configs)
+        result["complete"] = i + 1 == len(rows)
         with open(stem + ".json", "w") as f:  # after every row: a cut-short run keeps its data
             json.dump(result, f, indent=1)
         done.append((row["flops"], time.perf_counter() - began))
-        left = estimate_remaining_s(done, [flops(*config) for config in configs[i + 1:]])
+        left = estimate_remaining_s(done, [flops(*r) for r in rows[i + 1:]])
         t = row["gpu_us"]
-        print(f"[{i + 1}/{len(configs)}] {model} M={m}: xla {t['xla']:.1f} us, gemm {t['gemm']:.1f} us, "
-              f"auto {t['auto']:.1f} us ({t['xla'] / t['auto']:.2f}x xla); {done[-1][1]:.0f} s, "
-              f"elapsed {_hms(time.perf_counter() - start)}, about {_hms(left)} left", flush=True)
+        print(f"[{i + 1}/{len(rows)}] {model} M={m}: xla {t['xla']:.1f} us, gemm {t['gemm']:.1f}"
+              f", auto {t['auto']:.1f} (auto/gemm {t['auto'] / t['gemm']:.3f}, "
+              f"{t['xla'] / t['auto']:.2f}x xla); {done[-1][1]:.0f} s, "
+              f"about {_hms(left)} left", flush=True)
 
     written = report.write_report(result, stem)
     print(report.markdown(result))
@@ -382,4 +340,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(0 if main() else 1)

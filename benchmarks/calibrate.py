@@ -1,158 +1,165 @@
-"""Measure every compiled (kernel, tile config) on the Qwen2.5 shapes, to derive the selection table.
+"""Calibrate the selection: time every candidate launch over a grid of shapes and M.
 
-    python benchmarks/calibrate.py                       # all shapes, M in 128 512 2048 8192
-    python benchmarks/calibrate.py --m 1 128 2048 --out calib.json
+    python -m benchmarks.calibrate --shapes fit --m grid --budget-s 300 --out calibration.json
+    python -m benchmarks.calibrate --shapes held-out --m grid held-out --out held-out.json
+    python -m benchmarks.calibrate --shapes 4096x14336 --m 1 8 300
 
-For each (model, M) it times, side by side on the same rotated inputs and in interleaved
-rounds, the XLA reference and every config of every fused kernel (forced through
-JAX_SWIGLU_KERNEL/JAX_SWIGLU_CONFIG),
-then prints the fastest per (model, M) and, per M, the config that wins most often.
-The JSON (written after every row) is rendered as a markdown table next to it by
-report.py (python benchmarks/report.py calib.json does it again from a saved JSON).
-The table in jax_swiglu/_selection.py is written from this output by hand, with the run
-cited there.
+For each (shape, M) it times every compiled launch that can run it (each config, and each
+stream-K config at split-K factors --splits) through the extension's own launchers
+(jax_swiglu/_tuning.py: CUDA-graph replay on inputs rotated past the L2, outputs checked),
+and at the M values of --jax-m also the XLA path and the fastest few launches through JAX,
+as a model runs them (CUPTI). Rows go to the JSON after each one, so a run cut short by
+--budget-s keeps what it measured; benchmarks/tuning_data.py merges runs into the shipped
+tuning data. Shapes are names of jax_swiglu.PUBLIC_MLPS, KxN, or the groups "fit" and
+"held-out" (jax_swiglu/_shapes.py); M values are numbers or "grid", "held-out", "decode".
+At large M the candidates the cost model puts far behind are not timed (--prune).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import contextlib
 import dataclasses
 import json
-import os
-import sys
 import time
 
 import jax
+import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(__file__))
-import bench_swiglu  # noqa: E402  (same folder)
-import report  # noqa: E402
+import jax_swiglu
+from jax_swiglu import _shapes, _tuning
+from jax_swiglu.selection import _data, _engine, _model
 
-import jax_swiglu  # noqa: E402
-from jax_swiglu import QWEN25_MLPS, _selection  # noqa: E402
+from . import environment as environment_lib
 
-
-@contextlib.contextmanager
-def forced(kernel, launch):
-    """JAX_SWIGLU_KERNEL/JAX_SWIGLU_CONFIG set to one launch (e.g. "interleaved", "0,swizzle=4")
-    while the body compiles: they are read at lowering."""
-    os.environ[_selection.ENV_VAR] = kernel
-    os.environ[_selection.CONFIG_ENV_VAR] = launch
-    try:
-        yield
-    finally:
-        del os.environ[_selection.ENV_VAR], os.environ[_selection.CONFIG_ENV_VAR]
+M_GROUPS = {"grid": _shapes.GRID_M, "held-out": _shapes.HELD_OUT_M, "decode": _shapes.DECODE_M}
+SHAPE_GROUPS = {"fit": _shapes.FIT, "held-out": _shapes.HELD_OUT,
+                "all": tuple(_shapes.PUBLIC_MLPS)}
 
 
-# Timed beside the launches, never a candidate for "best": (a) and, with --gemm, (c).
-BASELINES = ("xla", "gemm")
+def expand(items, groups):
+    out = []
+    for item in items:
+        out += list(groups.get(item, (item,)))
+    return list(dict.fromkeys(out))
 
 
-def _compiled(variant, xs, ws):
-    # Compiled now, while the forcing variables are set (they are read at lowering).
-    return jax.jit(lambda xs, ws: [variant(x, w) for x, w in zip(xs, ws)]).lower(xs, ws).compile()
+BANDS = (16, 256, 2048)  # rows are measured band by band of M, small M first
 
 
-def calibrate(model, m, iterations, key, launches, rounds=bench_swiglu.ROUNDS, gemm=False):
-    k, n = bench_swiglu.mlp_shape(model)
-    sets = bench_swiglu.make_rotation(key, m, k, n)
-    xs, ws = [s[0] for s in sets], [s[1] for s in sets]
-    fns = {"xla": _compiled(bench_swiglu.xla_separate, xs, ws)}
-    if gemm:
-        fns["gemm"] = _compiled(bench_swiglu.gemm_only, xs, ws)
-    for kernel, launch in launches:
-        config = launch.split(",")[0]
-        multiple = (jax_swiglu.kernel_configs()[kernel][int(config)].m_multiple
-                    if config.isdigit() else 1)
-        if m % multiple:
-            # A config running M in bands runs only multiples of them: no column for this M.
-            print(f"  {kernel}:{launch} skipped at M={m} (needs a multiple of {multiple})",
-                  flush=True)
-            continue
-        with forced(kernel, launch):
-            fns[f"{kernel}:{launch}"] = _compiled(bench_swiglu.fused("auto"), xs, ws)
-    gpu_ms, _ = bench_swiglu.measure_side_by_side(fns, (xs, ws), iterations, rounds, wall=False)
-    return {"model": model, "m": m, "k": k, "n": n,
-            "gpu_us": {name: t * 1e3 / len(xs) for name, t in gpu_ms.items()}}
+def plan(shapes, ms):
+    """(name, M) rows: decode and small M first (what the selection needs most), band by band
+    of M (BANDS); within a band shape by shape, so a shape's weights are made once."""
+    def band(m):
+        return sum(m > edge for edge in BANDS)
+    return sorted(((name, m) for m in ms for name in shapes),
+                  key=lambda row: (band(row[1]), shapes.index(row[0]), row[1]))
+
+
+def pruned(launches, m, n, k, device, factor: float, keep: int, prune_above_m: int):
+    """The launches worth timing: all at M <= prune_above_m, else those the cost model puts
+    within ``factor`` of its best (and at least ``keep``)."""
+    if m <= prune_above_m:
+        return launches
+    problem = _model.Problem(m, n, k)
+    scored = sorted(((_model.launch_us(c, s, problem, device.sm_count, device.dram_bytes_per_s),
+                      i) for i, (c, s) in enumerate(launches)))
+    best = scored[0][0]
+    chosen = {i for rank, (us, i) in enumerate(scored) if rank < keep or us <= factor * best}
+    return [launch for i, launch in enumerate(launches) if i in chosen]
+
+
+_weights_cache: dict = {}
+
+
+def _weights(name, dtype, key):
+    """The packed weight sets of a shape, kept while its rows run (one shape at a time)."""
+    k, n = _shapes.mlp_shape(name)
+    if (name, dtype) not in _weights_cache:
+        _weights_cache.clear()
+        sets = _tuning._rotation_sets(1, n, k, jnp.dtype(dtype).itemsize)
+        _weights_cache[name, dtype] = _tuning.make_weight_sets(key, n, k, jnp.dtype(dtype), sets)
+    return _weights_cache[name, dtype]
+
+
+def calibrate_row(name, m, dtype, args, device, key):
+    k, n = _shapes.mlp_shape(name)
+    launches = _tuning.candidate_launches(m, n, k, splits=tuple(args.splits))
+    launches = pruned(launches, m, n, k, device, args.prune, args.keep, args.prune_above_m)
+    native = _tuning.time_launches(m, n, k, dtype, launches, samples=args.samples, key=key,
+                                   weights=_weights(name, dtype, key))
+    row = {"model": name, "dtype": jnp.dtype(dtype).name, "m": m, "n": n, "k": k,
+           "launch_us": {launch: r["us"] for launch, r in native.items()
+                         if r["error"] is None and r["us"]},
+           "errors": {launch: r["error"] for launch, r in native.items() if r["error"]}}
+    if m in args.jax_m and row["launch_us"]:
+        by_id = {_data.launch_id(c.key, s): (c, s) for c, s in launches}
+        fastest = sorted(row["launch_us"], key=row["launch_us"].get)[:args.jax_finalists]
+        timed = _tuning.time_through_jax(m, n, k, dtype, [by_id[f] for f in fastest], key=key)
+        row["xla_us"] = timed.pop("xla")
+        row["cupti_us"] = timed
+    return row
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=list(QWEN25_MLPS),
-                        help="Qwen2.5 names, or KxN for another shape")
-    parser.add_argument("--m", nargs="*", type=int, default=[128, 512, 2048, 8192])
-    parser.add_argument("--iterations", type=int, default=10,
-                        help="timed calls per launch and row, split over --rounds (rounded up "
-                             "to a multiple of it)")
-    parser.add_argument("--rounds", type=int, default=bench_swiglu.ROUNDS,
-                        help="interleaved rounds: each times every launch in turn")
-    parser.add_argument("--out", default="calibration.json")
+    parser.add_argument("--shapes", nargs="+", default=["fit"])
+    parser.add_argument("--m", nargs="+", default=["grid"])
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--splits", nargs="+", type=int, default=[1, 2, 4],
+                        help="split-K factors of the stream-K configs (1: stream-K itself)")
+    parser.add_argument("--samples", type=int, default=3, help="timed graph replays per launch")
+    parser.add_argument("--jax-m", nargs="*", type=int, default=[1, 4, 16, 64],
+                        help="M values at which the XLA path and the fastest launches are "
+                             "also timed through JAX")
+    parser.add_argument("--jax-finalists", type=int, default=2)
+    parser.add_argument("--prune", type=float, default=3.0,
+                        help="above --prune-above-m, skip launches the cost model puts this "
+                             "many times behind its best")
+    parser.add_argument("--keep", type=int, default=8, help="... but keep at least this many")
+    parser.add_argument("--prune-above-m", type=int, default=512)
     parser.add_argument("--budget-s", type=float, default=None,
-                        help="start no new (model, M) row after this many seconds; the report"
-                             " then says the run is incomplete")
-    parser.add_argument("--gemm", action="store_true",
-                        help="also time the bare GEMM (the benchmark's baseline (c)), so each"
-                             " launch reads against target 2 in the same rounds")
-    parser.add_argument("--note", action="append", default=[],
-                        help="a line for the head of the report; repeatable")
-    parser.add_argument(
-        "--launches", nargs="*", default=None,
-        help="KERNEL:LAUNCH pairs, LAUNCH as in JAX_SWIGLU_CONFIG (e.g. interleaved:0,swizzle=4);"
-             " default: every compiled config of every kernel")
+                        help="start no new row after this many seconds")
+    parser.add_argument("--out", default="calibration.json")
+    parser.add_argument("--note", action="append", default=[])
     args = parser.parse_args(argv)
-    if args.launches is None:
-        launches = [(kernel, str(config)) for kernel, configs in jax_swiglu.kernel_configs().items()
-                    for config in configs]
-    else:
-        launches = [tuple(item.split(":", 1)) for item in args.launches]
-
+    if jax.default_backend() != "gpu":
+        raise SystemExit("calibration needs a GPU")
+    shapes = expand(args.shapes, SHAPE_GROUPS)
+    ms = [int(m) for m in expand(args.m, {g: tuple(map(str, v)) for g, v in M_GROUPS.items()})]
+    device = _engine.target_device()
+    env = environment_lib.environment()
+    env["device_facts"] = device.as_dict()
+    result = {"kind": "calibration", "method": "CUDA-graph replay (jax_swiglu._tuning)",
+              "environment": env, "notes": args.note, "held_out_shapes": list(_shapes.HELD_OUT),
+              "held_out_m": list(_shapes.HELD_OUT_M),
+              "configs": {c.key: dataclasses.asdict(c)
+                          for table in jax_swiglu.kernel_configs().values()
+                          for c in table.values()},
+              "complete": False, "rows": []}
+    rows = plan(shapes, ms)
     start = time.perf_counter()
-    rows = []
-    kernels = {kernel for kernel, _ in launches}
-    result = {"kind": "calibration", "environment": bench_swiglu.environment(),
-              "iterations": args.iterations, "rounds": args.rounds, "notes": args.note,
-              "launches": [f"{kernel}:{launch}" for kernel, launch in launches],
-              "configs": {kernel: {str(i): dataclasses.asdict(c) for i, c in table.items()}
-                          for kernel, table in jax_swiglu.kernel_configs().items()
-                          if kernel in kernels},
-              "complete": False, "rows": rows}
     key = jax.random.key(0)
-    configs = [(model, m) for m in args.m for model in args.models]
-    done = []
-    for i, (model, m) in enumerate(configs):
+    for i, (name, m) in enumerate(rows):
         if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
-            print(f"time budget of {args.budget_s:.0f} s spent: stopping after {i} of "
-                  f"{len(configs)} rows", flush=True)
+            print(f"budget of {args.budget_s:.0f} s spent after {i} of {len(rows)} rows",
+                  flush=True)
             break
         began = time.perf_counter()
-        row = calibrate(model, m, args.iterations, jax.random.fold_in(key, i), launches,
-                        args.rounds, args.gemm)
-        rows.append(row)
-        result["complete"] = i + 1 == len(configs)
-        with open(args.out, "w") as f:  # after every row: a cut-short run keeps its data
+        row = calibrate_row(name, m, args.dtype, args, device, jax.random.fold_in(key, i))
+        result["rows"].append(row)
+        result["complete"] = i + 1 == len(rows)
+        with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-        done.append((bench_swiglu.flops(model, m), time.perf_counter() - began))
-        left = bench_swiglu.estimate_remaining_s(
-            done, [bench_swiglu.flops(*config) for config in configs[i + 1:]])
-        fused = {name: t for name, t in row["gpu_us"].items() if name not in BASELINES}
-        best = min(fused, key=fused.get)
-        print(f"[{i + 1}/{len(configs)}] {model} M={m}: xla {row['gpu_us']['xla']:.1f} us; "
-              + ", ".join(f"{name} {t:.1f}" for name, t in fused.items())
-              + f" -> best {best} ({row['gpu_us']['xla'] / fused[best]:.2f}x xla); "
-              f"elapsed {bench_swiglu._hms(time.perf_counter() - start)}, "
-              f"about {bench_swiglu._hms(left)} left", flush=True)
-
-    wins = collections.defaultdict(collections.Counter)
-    for row in rows:
-        fused = {name: t for name, t in row["gpu_us"].items() if name not in BASELINES}
-        wins[row["m"]][min(fused, key=fused.get)] += 1
-    print("\nwinner counts per M:")
-    for m in sorted(wins):
-        print(f"  M={m}: {dict(wins[m])}")
-    written = report.write_report(result, os.path.splitext(args.out)[0], source=args.out)
-    print(f"wrote {args.out}" + "".join(f", {path}" for path in written))
+        times = row["launch_us"]
+        best = min(times, key=times.get) if times else None
+        extra = (f", xla {row['xla_us']:.1f}" if "xla_us" in row else "")
+        print(f"[{i + 1}/{len(rows)}] {name} M={m}: {len(times)} launches, best "
+              f"{best} {times.get(best, float('nan')):.1f} us{extra}"
+              + (f"; {len(row['errors'])} failed" if row["errors"] else "")
+              + f" ({time.perf_counter() - began:.1f} s)", flush=True)
+    print(f"wrote {args.out}: {len(result['rows'])} rows in "
+          f"{time.perf_counter() - start:.0f} s")
+    return result
 
 
 if __name__ == "__main__":

@@ -2,31 +2,41 @@
 Compute to profile side by side: why does a fused kernel trail cuBLAS on a shape?
 
     ncu --profile-from-start off --clock-control none -o prof \
-        python benchmarks/profile_kernels.py --rows qwen2.5-0.5b:8192 qwen2.5-7b:128 \
-        --launches gemm auto interleaved:1
+        python -m benchmarks.profile_kernels --rows qwen2.5-0.5b:8192 llama-3-8b:1 \
+        --launches gemm auto interleaved:1 interleaved:18,splits=2
 
 Each (model, M) row builds one input set (the benchmark's random data, weights in HBM: ncu
 flushes the caches before each kernel replay by default), compiles every variant first,
 then calls each once more between cudaProfilerStart/Stop, so `ncu --profile-from-start off`
-sees exactly one call per variant. A launch is "gemm", "auto", or KERNEL:LAUNCH as in
-calibrate.py. scripts/gpu_check.sh (NCU=1) runs
+sees exactly one call per variant. A launch is "gemm", "auto", or KERNEL:LAUNCH, LAUNCH as
+JAX_SWIGLU_CONFIG takes it. scripts/gpu_check.sh (NCU=1) runs
 it under ncu and writes the report's details page as text.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
-import sys
 
 import jax
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_swiglu  # noqa: E402  (same folder)
-import calibrate  # noqa: E402
+from jax_swiglu import _shapes, selection
 
-from jax_swiglu import QWEN25_MLPS  # noqa: E402
+from . import bench_swiglu
+
+
+@contextlib.contextmanager
+def forced(kernel, launch):
+    """JAX_SWIGLU_KERNEL/JAX_SWIGLU_CONFIG set to one launch while the body compiles (they
+    are read at lowering)."""
+    os.environ[selection.ENV_VAR] = kernel
+    os.environ[selection.CONFIG_ENV_VAR] = launch
+    try:
+        yield
+    finally:
+        del os.environ[selection.ENV_VAR], os.environ[selection.CONFIG_ENV_VAR]
 
 
 def _compiled(launch, x, w):
@@ -34,7 +44,7 @@ def _compiled(launch, x, w):
     if launch in ("gemm", "auto"):
         fn = bench_swiglu.gemm_only if launch == "gemm" else bench_swiglu.fused("auto")
         return jax.jit(fn).lower(x, w).compile()
-    with calibrate.forced(*launch.split(":", 1)):
+    with forced(*launch.split(":", 1)):
         return jax.jit(bench_swiglu.fused("auto")).lower(x, w).compile()
 
 
@@ -47,7 +57,7 @@ def main(argv=None):
 
     for row in args.rows:
         model, m = row.rsplit(":", 1)
-        k, n = QWEN25_MLPS[model]
+        k, n = _shapes.mlp_shape(model)
         x, w = bench_swiglu._make_sets(jax.random.key(0), int(m), k, n, 1)[0]
         compiled = {launch: _compiled(launch, x, w) for launch in args.launches}
         for fn in compiled.values():

@@ -1,9 +1,9 @@
 """Tensor-parallel SwiGLU MLP on several GPUs: jax_swiglu's fused_mlp against the same
 sharded MLP in plain XLA, checked against one GPU.
 
-    python benchmarks/tensor_parallel.py                       # all local GPUs, 7B and 72B, M 2048 8192
-    python benchmarks/tensor_parallel.py --tp 2 --m 2048       # 2-way tensor parallel
-    python benchmarks/tensor_parallel.py --tp 2 --data 2       # 2 x 2: tokens sharded too
+    python -m benchmarks.tensor_parallel                       # all local GPUs, 7B and 72B, M 2048 8192
+    python -m benchmarks.tensor_parallel --tp 2 --m 2048       # 2-way tensor parallel
+    python -m benchmarks.tensor_parallel --tp 2 --data 2       # 2 x 2: tokens sharded too
 
 The Megatron layout on a ("data", "model") mesh: the packed gate/up weights split along N
 in whole gate/up pairs over "model" (column parallel), w_down split along its rows over
@@ -52,8 +52,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 import jax_swiglu  # noqa: E402
 from jax_swiglu import QWEN25_MLPS  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_swiglu  # noqa: E402  (environment, output names)
+from . import bench_swiglu, environment as environment_lib  # noqa: E402
 
 MODELS = ("qwen2.5-7b", "qwen2.5-72b")
 M_VALUES = (2048, 8192)
@@ -86,7 +85,8 @@ def compare(y, reference) -> dict:
 def measure(fn, args, iterations, devices, cupti: bool) -> dict:
     """Median GPU kernel time per device, compute and NCCL apart (ms), and the wall time."""
     jax.block_until_ready(fn(*args))  # compile
-    result = {"wall_ms": bench_swiglu._measure_wall_ms(fn, args, iterations)}
+    bench_swiglu._warm_up(fn, args)
+    result = {"wall_ms": statistics.median(bench_swiglu._wall_samples_ms(fn, args, iterations))}
     if not cupti:
         return result
     from jax.experimental.mosaic.gpu import profiler
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
     shapes = ([("custom", *map(int, args.shape.split(",")))] if args.shape
               else [(model, *QWEN25_MLPS[model]) for model in args.models])
 
-    env = bench_swiglu.environment()
+    env = environment_lib.environment()
     result = {"kind": "tensor_parallel", "environment": env, "iterations": args.iterations,
               "devices": tp * args.data, "mesh": dict(mesh.shape),
               "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"), "complete": False,

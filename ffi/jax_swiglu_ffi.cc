@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <limits>
@@ -14,9 +15,11 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "kernel_configs.h"
 #include "launch.h"
+#include "timing.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -28,14 +31,22 @@ namespace {
 template <ffi::DataType T>
 using ElementTagFor = std::conditional_t<T == ffi::DataType::BF16, BF16, F16>;
 
-// Runtime config id -> the instantiation `launch(std::integral_constant<int, id>)`.
-template <int Id, int Count, class Launch>
+// Runtime config id -> the instantiation `launch(std::integral_constant<int, id>)`, for the
+// rows of `table` this build compiled.
+template <int Id, int Count, const KernelConfig (&table)[Count], class Launch>
 std::string DispatchConfig(const char* kernel, int64_t config, Launch&& launch) {
   if constexpr (Id == Count) {
     return std::string("unknown ") + kernel + " kernel config " + std::to_string(config);
   } else {
-    if (config == Id) return launch(std::integral_constant<int, Id>{});
-    return DispatchConfig<Id + 1, Count>(kernel, config, launch);
+    if (config == Id) {
+      if constexpr (table[Id].compiled()) {
+        return launch(std::integral_constant<int, Id>{});
+      } else {
+        return std::string(kernel) + " kernel config " + std::to_string(config) +
+               " is not compiled in this build (rebuild with -DJAX_SWIGLU_ALL_CONFIGS=ON)";
+      }
+    }
+    return DispatchConfig<Id + 1, Count, table>(kernel, config, launch);
   }
 }
 
@@ -46,14 +57,16 @@ struct Interleaved {
   template <class ElementTag>
   static std::string Launch(int64_t config, const SwigluProblem& problem,
                             const DeviceFacts& device, cudaStream_t stream) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS>(kName, config, [&](auto id) {
+    return DispatchConfig<0, JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS, kInterleavedConfigs>(
+        kName, config, [&](auto id) {
       return LaunchInterleaved<decltype(id)::value, ElementTag>(problem, device, stream);
     });
   }
   template <class ElementTag>
   static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
                                     const DeviceFacts& device, size_t* bytes) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS>(kName, config, [&](auto id) {
+    return DispatchConfig<0, JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS, kInterleavedConfigs>(
+        kName, config, [&](auto id) {
       *bytes = InterleavedWorkspaceBytes<decltype(id)::value, ElementTag>(problem, device);
       return std::string();
     });
@@ -65,14 +78,16 @@ struct Pingpong {
   template <class ElementTag>
   static std::string Launch(int64_t config, const SwigluProblem& problem,
                             const DeviceFacts& device, cudaStream_t stream) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_PINGPONG_CONFIGS>(kName, config, [&](auto id) {
+    return DispatchConfig<0, JAX_SWIGLU_NUM_PINGPONG_CONFIGS, kPingpongConfigs>(
+        kName, config, [&](auto id) {
       return LaunchPingpong<decltype(id)::value, ElementTag>(problem, device, stream);
     });
   }
   template <class ElementTag>
   static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
                                     const DeviceFacts& device, size_t* bytes) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_PINGPONG_CONFIGS>(kName, config, [&](auto id) {
+    return DispatchConfig<0, JAX_SWIGLU_NUM_PINGPONG_CONFIGS, kPingpongConfigs>(
+        kName, config, [&](auto id) {
       *bytes = PingpongWorkspaceBytes<decltype(id)::value, ElementTag>(problem, device);
       return std::string();
     });
@@ -125,13 +140,16 @@ ffi::Error CheckDevice(DeviceFacts* device) {
   return ffi::Error::Success();
 }
 
+// Split-K factors the handler accepts (the selection asks for a few at most).
+constexpr int64_t kMaxSplits = 16;
+
 // `workspace`: present where the config needs one (the lowering sizes it with
 // workspace_bytes below); the launcher checks that it is large enough.
 template <class Family, ffi::DataType T>
 ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
                   ffi::Result<ffi::Buffer<T>> out,
                   std::optional<ffi::Result<ffi::AnyBuffer>> workspace, int64_t config,
-                  int64_t swizzle, int64_t raster) {
+                  int64_t swizzle, int64_t raster, int64_t splits) {
   SwigluProblem problem;
   if (ffi::Error err = DescribeProblem(x, packed, *out, &problem); err.failure()) return err;
   if (workspace.has_value()) {
@@ -144,8 +162,14 @@ ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
                                        "0, 1 or 2; got " + std::to_string(swizzle) + ", " +
                                        std::to_string(raster));
   }
+  if (splits < 1 || splits > kMaxSplits) {
+    return ffi::Error::InvalidArgument("jax_swiglu: splits must be in 1.." +
+                                       std::to_string(kMaxSplits) + "; got " +
+                                       std::to_string(splits));
+  }
   problem.swizzle = static_cast<int>(swizzle);
   problem.raster = static_cast<int>(raster);
+  problem.splits = static_cast<int>(splits);
   if (problem.m == 0) return ffi::Error::Success();  // nothing to write
   DeviceFacts device;
   if (ffi::Error err = CheckDevice(&device); err.failure()) return err;
@@ -167,7 +191,8 @@ ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
                                     .OptionalRet<ffi::AnyBuffer>()              \
                                     .Attr<int64_t>("config")                    \
                                     .Attr<int64_t>("swizzle")                   \
-                                    .Attr<int64_t>("raster"),                   \
+                                    .Attr<int64_t>("raster")                    \
+                                    .Attr<int64_t>("splits"),                   \
                                 {ffi::Traits::kCmdBufferCompatible})
 
 JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleavedBf16, jax_swiglu::Interleaved, ffi::DataType::BF16);
@@ -221,6 +246,27 @@ std::string WorkspaceBytes(const std::string& dtype, int64_t config,
   return "unknown dtype " + dtype;
 }
 
+// A family's launch for a dtype given by name ("" or an error message).
+template <class Family>
+std::string LaunchByName(const std::string& dtype, int64_t config,
+                         const jax_swiglu::SwigluProblem& problem,
+                         const jax_swiglu::DeviceFacts& device, cudaStream_t stream) {
+  if (dtype == "bfloat16") {
+    return Family::template Launch<jax_swiglu::BF16>(config, problem, device, stream);
+  }
+  if (dtype == "float16") {
+    return Family::template Launch<jax_swiglu::F16>(config, problem, device, stream);
+  }
+  return "unknown dtype " + dtype;
+}
+
+void CheckDimensions(int64_t m, int64_t k, int64_t n_packed) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (m > kMax || k > kMax || 2 * n_packed > kMax) {
+    throw std::invalid_argument("jax_swiglu: a dimension exceeds 2^31 - 1");
+  }
+}
+
 }  // namespace
 
 NB_MODULE(_kernels, m) {
@@ -246,7 +292,7 @@ NB_MODULE(_kernels, m) {
     return l;
   });
 
-  // The compiled tile configurations (ffi/kernel_configs.h), by kernel.
+  // The tile configurations this build compiled (ffi/kernel_configs.h), by kernel.
   m.def("kernel_configs", []() {
     nb::list l;
     auto add = [&l](const char* kernel, const auto& table) {
@@ -255,6 +301,7 @@ NB_MODULE(_kernels, m) {
         d["kernel"] = kernel;
         d["id"] = c.id;
         d["schedule"] = ScheduleName(c.schedule);
+        d["m_side"] = c.m_side == jax_swiglu::MmaMSide::Weights ? "weights" : "tokens";
         d["tile_m"] = c.tile_m;
         d["tile_n"] = c.tile_n;
         d["tile_k"] = c.tile_k;
@@ -263,7 +310,8 @@ NB_MODULE(_kernels, m) {
         d["scheduler"] = SchedulerName(c.scheduler);
         d["store"] = c.store == jax_swiglu::OutputStore::DirectStore ? "direct" : "tma";
         d["m_bands"] = c.m_bands;
-        l.append(d);
+        d["optional"] = c.build == jax_swiglu::Build::Optional;
+        if (c.compiled()) l.append(d);
       }
     };
     add(jax_swiglu::Interleaved::kName, jax_swiglu::kInterleavedConfigs);
@@ -278,15 +326,12 @@ NB_MODULE(_kernels, m) {
       "workspace_bytes",
       [](const std::string& kernel, const std::string& dtype, int64_t config, int64_t m,
          int64_t n, int64_t n_packed, int64_t k, int64_t swizzle, int64_t raster,
-         int sm_count) -> size_t {
-        constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-        if (m > kMax || k > kMax || 2 * n_packed > kMax) {
-          throw std::invalid_argument("jax_swiglu: a dimension exceeds 2^31 - 1");
-        }
-        if (m <= 0) return 0;  // the handler launches nothing
+         int64_t splits, int sm_count) -> size_t {
+        CheckDimensions(m, k, n_packed);
+        if (m <= 0) return size_t(0);  // the handler launches nothing
         jax_swiglu::SwigluProblem problem{nullptr, nullptr, nullptr, m,
                                           n, n_packed, k, static_cast<int>(swizzle),
-                                          static_cast<int>(raster)};
+                                          static_cast<int>(raster), static_cast<int>(splits)};
         jax_swiglu::DeviceFacts device{0, sm_count, 9, 0};
         size_t bytes = 0;
         std::string err = kernel == jax_swiglu::Interleaved::kName
@@ -301,7 +346,83 @@ NB_MODULE(_kernels, m) {
       },
       nb::arg("kernel"), nb::arg("dtype"), nb::arg("config"), nb::arg("m"), nb::arg("n"),
       nb::arg("n_packed"), nb::arg("k"), nb::arg("swizzle"), nb::arg("raster"),
-      nb::arg("sm_count"));
+      nb::arg("splits"), nb::arg("sm_count"));
+
+  // Per-launch GPU times (microseconds) of `samples` replays of a CUDA graph of `calls`
+  // launches of one config, launch i reading input set i % len(xs) (device pointers the
+  // caller owns: x [m, k] and packed [k, 2 n_packed] each, out [m, n] of a 2-byte dtype,
+  // poisoned with NaN first, and the workspace the config needs). For tuning only
+  // (ffi/timing.h); raises RuntimeError on a failure.
+  m.def(
+      "time_launches",
+      [](const std::string& kernel, const std::string& dtype, int64_t config, int64_t m,
+         int64_t n, int64_t n_packed, int64_t k, int64_t swizzle, int64_t raster, int64_t splits,
+         const std::vector<uintptr_t>& xs, const std::vector<uintptr_t>& packed, uintptr_t out,
+         uintptr_t workspace, size_t workspace_bytes, int calls, int samples) {
+        CheckDimensions(m, k, n_packed);
+        if (xs.empty() || xs.size() != packed.size() || m <= 0) {
+          throw std::invalid_argument("jax_swiglu: time_launches needs m > 0 and as many x as "
+                                      "packed buffers");
+        }
+        cudaPointerAttributes where{};
+        if (cudaPointerGetAttributes(&where, reinterpret_cast<void*>(out)) != cudaSuccess ||
+            where.type != cudaMemoryTypeDevice || cudaSetDevice(where.device) != cudaSuccess) {
+          (void)cudaGetLastError();
+          throw std::invalid_argument("jax_swiglu: time_launches needs device buffers");
+        }
+        jax_swiglu::DeviceFacts device;
+        if (std::string err = jax_swiglu::CurrentDeviceFacts(&device); !err.empty()) {
+          throw std::runtime_error("jax_swiglu: " + err);
+        }
+        auto launch = [&](int i, cudaStream_t stream) {
+          const size_t set = static_cast<size_t>(i) % xs.size();
+          jax_swiglu::SwigluProblem problem{reinterpret_cast<const void*>(xs[set]),
+                                            reinterpret_cast<const void*>(packed[set]),
+                                            reinterpret_cast<void*>(out),
+                                            m, n, n_packed, k,
+                                            static_cast<int>(swizzle), static_cast<int>(raster),
+                                            static_cast<int>(splits),
+                                            reinterpret_cast<void*>(workspace), workspace_bytes};
+          return kernel == jax_swiglu::Interleaved::kName
+                     ? LaunchByName<jax_swiglu::Interleaved>(dtype, config, problem, device, stream)
+                 : kernel == jax_swiglu::Pingpong::kName
+                     ? LaunchByName<jax_swiglu::Pingpong>(dtype, config, problem, device, stream)
+                     : "unknown kernel " + kernel;
+        };
+        std::vector<double> microseconds;
+        std::string err;
+        {
+          nb::gil_scoped_release release;
+          err = jax_swiglu::TimeGraphReplays(launch, calls, samples, reinterpret_cast<void*>(out),
+                                             static_cast<size_t>(m * n) * 2, &microseconds);
+        }
+        if (!err.empty()) throw std::runtime_error("jax_swiglu: " + err);
+        return microseconds;
+      },
+      nb::arg("kernel"), nb::arg("dtype"), nb::arg("config"), nb::arg("m"), nb::arg("n"),
+      nb::arg("n_packed"), nb::arg("k"), nb::arg("swizzle"), nb::arg("raster"),
+      nb::arg("splits"), nb::arg("xs"), nb::arg("packed"), nb::arg("out"), nb::arg("workspace"),
+      nb::arg("workspace_bytes"), nb::arg("calls"), nb::arg("samples"));
+
+  // The current CUDA device's facts the selection reads (zeros when there is no GPU).
+  m.def("device_facts", []() {
+    nb::dict d;
+    jax_swiglu::DeviceFacts facts{};
+    const bool ok = jax_swiglu::CurrentDeviceFacts(&facts).empty();
+    d["sm_count"] = ok ? facts.sm_count : 0;
+    d["compute_capability"] = ok ? facts.cc_major * 10 + facts.cc_minor : 0;
+    int l2 = 0, memory_khz = 0, bus_bits = 0;
+    if (ok) {
+      cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, facts.device);
+      cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, facts.device);
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, facts.device);
+      (void)cudaGetLastError();
+    }
+    d["l2_bytes"] = l2;
+    // Peak DRAM bandwidth from the memory clock (double data rate) and the bus width.
+    d["dram_bytes_per_s"] = 2.0 * 1e3 * memory_khz * (bus_bits / 8);
+    return d;
+  });
 
   // The current CUDA device's SM count, or 0 when there is none (no GPU, no driver).
   m.def("device_sm_count", []() {

@@ -25,10 +25,13 @@ struct SwigluProblem {
   int64_t n_packed;  // n rounded up to the gate/up block
   int64_t k;
   // Tile scheduler order (persistent and stream-K), chosen per call by the Python
-  // selection table: tiles are visited in groups of `swizzle` (1, 2, 4 or 8) along the
-  // minor axis, and `raster` is 0 (CUTLASS heuristic), 1 (along M) or 2 (along N).
+  // selection: tiles are visited in groups of `swizzle` (1, 2, 4 or 8) along the minor
+  // axis, and `raster` is 0 (CUTLASS heuristic), 1 (along M) or 2 (along N).
   int swizzle;
   int raster;
+  // Stream-K configs only: 1 spreads the K iterations of a ragged last wave over every SM
+  // (stream-K); s > 1 splits every tile into s equal K ranges instead (split-K).
+  int splits = 1;
   // Scratch for the kernels whose tile scheduler needs one (stream-K: partial sums and
   // flags); an output buffer of the custom call, sized by the matching *WorkspaceBytes.
   void* workspace = nullptr;

@@ -4,26 +4,29 @@
     y = jax_swiglu.swiglu(x, packed)                    # SiLU(x @ Wg) * (x @ Wu)
     out = jax_swiglu.fused_mlp(x, packed, w_down)       # ... @ W_down
 
-Works inside ``jax.jit``; on CUDA the lowering runs a fused CUTLASS kernel chosen by M
-(``explain`` says which), elsewhere the XLA reference. Inference only.
+Works inside ``jax.jit``; on CUDA the lowering runs the fused CUTLASS kernel the selection
+picks for the call's shapes (``explain`` says which and why), elsewhere the XLA reference.
+``autotune`` measures the candidates for your shapes on your GPU. Inference only.
 """
 
 from ._api import explain, fused_mlp, swiglu
+from ._autotune import autotune
 from ._layout import GATE_UP_BLOCK, PackedWeights, pack_weights, unpack_weights
 from ._native import kernel_configs, kernels_available, unavailable_reason
 from ._primitive import swiglu_p
 from ._reference import swiglu_reference
-from ._selection import KERNELS, SELECTION_TABLE
-from ._shapes import QWEN25_MLPS
+from ._shapes import PUBLIC_MLPS, QWEN25_MLPS
+from .selection import KERNELS
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "GATE_UP_BLOCK",
     "KERNELS",
+    "PUBLIC_MLPS",
     "PackedWeights",
     "QWEN25_MLPS",
-    "SELECTION_TABLE",
+    "autotune",
     "explain",
     "fused_mlp",
     "kernel_configs",

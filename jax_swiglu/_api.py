@@ -7,7 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import _layout, _selection
+from . import _layout, selection
 from ._primitive import swiglu_p
 
 
@@ -35,8 +35,9 @@ def swiglu(x, packed, *, kernel: str = "auto"):
       x: ``[..., K]`` bfloat16 or float16; leading dimensions are folded into M. A rank-1
         ``x`` is one token (``[K] -> [N]``), as with ``x @ W``.
       packed: :class:`PackedWeights` from :func:`pack_weights`, same dtype as ``x``.
-      kernel: ``"auto"`` (the selection table, by M and N), ``"interleaved"``,
-        ``"pingpong"`` or ``"xla"`` (the plain XLA path). ``JAX_SWIGLU_KERNEL`` sets the same globally.
+      kernel: ``"auto"`` (the selection: autotune cache, tuning data, heuristic; see
+        :func:`explain`), ``"interleaved"``, ``"pingpong"`` or ``"xla"`` (the plain XLA
+        path). ``JAX_SWIGLU_KERNEL`` sets the same globally.
 
     Returns:
       ``[..., N]`` in ``x.dtype``: products accumulated in fp32, SiLU and product in fp32,
@@ -49,7 +50,7 @@ def swiglu(x, packed, *, kernel: str = "auto"):
     """
     packed = _layout.as_packed(packed, "packed")
     _check_x(x, packed)
-    _selection.check_kernel_name(kernel)
+    selection.check_kernel_name(kernel)
     lead = x.shape[:-1]
     m = math.prod(lead)
     if m == 0:
@@ -127,5 +128,5 @@ def explain(x, packed, *, kernel: str = "auto", platform: str | None = None) -> 
     platform = platform or jax.default_backend()
     platform = "cuda" if platform == "gpu" else platform
     m = math.prod(x.shape[:-1])
-    choice = _selection.choose(m, packed.n, packed.k, x.dtype, kernel=kernel, platform=platform)
+    choice = selection.choose(m, packed.n, packed.k, x.dtype, kernel=kernel, platform=platform)
     return f"M={m} N={packed.n} K={packed.k} {x.dtype} on {platform}: {choice.describe()}"

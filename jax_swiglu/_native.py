@@ -28,13 +28,14 @@ else:
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """One compiled tile configuration (a row of ffi/kernel_configs.h)."""
+    """One compiled tile configuration (a row of ffi/kernel_configs.h, which says what each
+    column means)."""
 
     kernel: str
     id: int
     schedule: str
-    tile_m: int
-    tile_n: int  # packed columns (gate + up) for the interleaved kernel
+    tile_m: int  # tokens per tile
+    tile_n: int  # packed columns (gate + up) per tile
     tile_k: int
     cluster_m: int
     cluster_n: int
@@ -42,23 +43,45 @@ class KernelConfig:
     # last round's tiles split into 64-row halves on otherwise idle CTAs)
     scheduler: str = "persistent"
     store: str = "tma"  # or "direct": output from registers to global memory, no smem tile
-    # persistent scheduler: tiles visited in this many bands of M, one after the other, so
-    # that the rounds of tiles reread one band of x from L2 (M a multiple of
+    # persistent scheduler: tiles visited in this many bands of M (M a multiple of
     # m_bands * tile_m * cluster_m)
     m_bands: int = 1
+    # "tokens" (x rows on the wgmma M side) or "weights" (swap-AB: packed columns on it)
+    m_side: str = "tokens"
+    optional: bool = False  # compiled only with JAX_SWIGLU_ALL_CONFIGS
 
     def describe(self) -> str:
         return (f"{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
                 f"cluster {self.cluster_m}x{self.cluster_n}"
+                + (", swap-AB" if self.m_side == "weights" else "")
                 + (", stream-K" if self.scheduler == "stream-k" else "")
                 + (", split tail" if self.scheduler == "split-tail" else "")
                 + (", direct store" if self.store == "direct" else "")
                 + (f", M in {self.m_bands} bands" if self.m_bands > 1 else ""))
 
     @property
+    def key(self) -> str:
+        """A name for the configuration from its definition alone, not its row id: how tuning
+        data refers to it, so the data stays valid when rows are added or reordered."""
+        return config_key(self.kernel, self.schedule, self.m_side, self.tile_m, self.tile_n,
+                          self.tile_k, self.cluster_m, self.cluster_n, self.scheduler,
+                          self.store, self.m_bands)
+
+    @property
     def m_multiple(self) -> int:
         """The M this config needs a multiple of (1: any M)."""
         return self.m_bands * self.tile_m * self.cluster_m if self.m_bands > 1 else 1
+
+    @property
+    def splits_k(self) -> bool:
+        """Whether the config takes a split-K factor (the ``splits`` launch attribute)."""
+        return self.scheduler == "stream-k"
+
+
+def config_key(kernel, schedule, m_side, tile_m, tile_n, tile_k, cluster_m, cluster_n,
+               scheduler, store, m_bands) -> str:
+    return (f"{kernel}/{schedule}/{m_side}/{tile_m}x{tile_n}x{tile_k}/{cluster_m}x{cluster_n}/"
+            f"{scheduler}/{store}" + (f"/bands{m_bands}" if m_bands > 1 else ""))
 
 
 def kernels_available() -> bool:
@@ -98,8 +121,16 @@ def kernel_configs() -> dict[str, dict[int, KernelConfig]]:
 _MAX_SM_COUNT = 144
 
 
+def device_facts() -> dict:
+    """The local CUDA device's SM count, compute capability (90 for SM90), L2 size and peak
+    DRAM bandwidth, as the extension reads them; zeros without a GPU or the extension."""
+    if _kernels is None:
+        return {"sm_count": 0, "compute_capability": 0, "l2_bytes": 0, "dram_bytes_per_s": 0.0}
+    return dict(_kernels.device_facts())
+
+
 def workspace_bytes(kernel: str, dtype: str, config: int, *, m: int, n: int, n_packed: int,
-                    k: int, swizzle: int, raster: int) -> int:
+                    k: int, swizzle: int, raster: int, splits: int = 1) -> int:
     """Bytes of scratch one call of ``kernel``/``config`` needs (0 for most configs).
 
     A stream-K split depends on the SM count: sized for the local GPU's, or, lowering with
@@ -110,8 +141,27 @@ def workspace_bytes(kernel: str, dtype: str, config: int, *, m: int, n: int, n_p
         return 0
     local = _kernels.device_sm_count()
     return max(int(_kernels.workspace_bytes(kernel, dtype, config, m, n, n_packed, k, swizzle,
-                                            raster, sm_count))
+                                            raster, splits, sm_count))
                for sm_count in ([local] if local else range(1, _MAX_SM_COUNT + 1)))
+
+
+def time_launches(kernel: str, dtype: str, config: int, *, m: int, n: int, n_packed: int,
+                  k: int, swizzle: int, raster: int, splits: int, xs, packed, out, workspace,
+                  calls: int, samples: int) -> list[float]:
+    """Per-launch GPU times (us) of one config by CUDA-graph replay (ffi/timing.h), launch i
+    on input set i % len(xs). ``xs``, ``packed``, ``out`` and ``workspace`` are device arrays
+    (jax arrays on one GPU) that stay alive and unread by JAX during the call."""
+    if _kernels is None:
+        raise RuntimeError(unavailable_reason())
+
+    def pointer(array):
+        return array.unsafe_buffer_pointer()
+
+    return list(_kernels.time_launches(
+        kernel, dtype, config, m, n, n_packed, k, swizzle, raster, splits,
+        [pointer(x) for x in xs], [pointer(p) for p in packed], pointer(out),
+        pointer(workspace) if workspace is not None else 0,
+        int(workspace.size) if workspace is not None else 0, calls, samples))
 
 
 def _register() -> None:

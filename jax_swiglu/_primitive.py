@@ -10,8 +10,8 @@
   (column parallel); K is gathered first, since SiLU follows the contraction and partial
   sums could not be added up afterwards,
 * lowering: ``swiglu_p`` lowers through ``custom_partitioning`` to ``swiglu_shard_p``,
-  the computation on one device's shapes: on CUDA, the FFI custom call the selection table
-  picks for the local M (or the XLA path); everywhere else the reference
+  the computation on one device's shapes: on CUDA, the FFI custom call the selection
+  picks for the local shapes (or the XLA path); everywhere else the reference
   (``_reference.py``),
 * impl: eager calls run the jitted primitive,
 * batching: vmap folds batch dimensions of ``x`` into M,
@@ -32,7 +32,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import _layout, _native, _reference, _selection
+from . import _layout, _native, _reference, selection
 
 # What jaxprs hold: the op on global shapes, partitioned by XLA's SPMD partitioner.
 swiglu_p = Primitive("jax_swiglu")
@@ -44,7 +44,7 @@ swiglu_shard_p = Primitive("jax_swiglu_shard")
 # --- abstract evaluation ------------------------------------------------------------------
 
 def _check_operands(x, packed_data, *, n: int, kernel: str):
-    _selection.check_kernel_name(kernel)
+    selection.check_kernel_name(kernel)
     if x.ndim != 2 or packed_data.ndim != 2:
         raise ValueError(
             f"jax_swiglu primitive takes x [M, K] and packed [K, 2N'], got {x.shape} and "
@@ -215,14 +215,14 @@ def _reference_lowering(ctx, x, packed_data, *, n: int, kernel: str):
 def _cuda_lowering(ctx, x, packed_data, *, n: int, kernel: str):
     x_aval, packed_aval = ctx.avals_in
     m, k = x_aval.shape  # local shapes: the kernel is chosen per device
-    choice = _selection.choose(m, n, k, x_aval.dtype, kernel=kernel, platform="cuda")
+    choice = selection.choose(m, n, k, x_aval.dtype, kernel=kernel, platform="cuda")
     if choice.target is None:
         return _reference_lowering(ctx, x, packed_data, n=n, kernel=kernel)
     attributes = choice.ffi_attributes()
     workspace = _native.workspace_bytes(
         choice.kernel, jnp.dtype(x_aval.dtype).name, choice.config.id, m=m, n=n,
         n_packed=packed_aval.shape[1] // 2, k=k, swizzle=int(attributes["swizzle"]),
-        raster=int(attributes["raster"]))
+        raster=int(attributes["raster"]), splits=int(attributes["splits"]))
     if not workspace:
         return jax.ffi.ffi_lowering(choice.target)(ctx, x, packed_data, **attributes)
     # A second result is the kernel's scratch (stream-K partial sums): XLA allocates it

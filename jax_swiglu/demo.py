@@ -3,9 +3,9 @@
 Builds the MLP half of a Qwen2.5-0.5B decoder in ``flax.nnx`` (24 pre-norm residual blocks
 ``x + mlp(rms_norm(x))``, hidden 896, intermediate 4864, random bf16 weights) twice: with
 the plain XLA reference block and with :class:`jax_swiglu.nn.FusedSwiGLUMLP`, converted from
-the first. It runs a prefill-sized and a decode-sized batch through both and prints, per
-call, the kernel chosen, the error against the reference and, on an SM90 GPU, the time of
-each. Without such a GPU everything runs on the XLA reference path, and the demo says so.
+the first. It runs a prefill-sized batch and decode batches (1 and 8 sequences) through
+both and prints, per call, the kernel chosen, the error against the reference and, on an SM90
+GPU, the time of each. Without such a GPU everything runs on the XLA reference path, and the demo says so.
 
 Needs flax (``pip install 'jax_swiglu[flax]'``). ``--help`` lists the options.
 """
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_swiglu
-from jax_swiglu import QWEN25_MLPS, _selection
+from jax_swiglu import QWEN25_MLPS, selection
 
 try:
     from flax import nnx
@@ -138,14 +138,14 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill-tokens", type=int, default=None,
                         help=f"tokens of the prefill call (default: {GPU_PREFILL_TOKENS} on a GPU, "
                              f"{CPU_PREFILL_TOKENS} on the reference path)")
-    parser.add_argument("--decode-tokens", type=int, default=8,
-                        help="sequences of the decode call, one token each (default: %(default)s)")
+    parser.add_argument("--decode-tokens", type=int, nargs="+", default=[1, 8],
+                        help="sequences of each decode call, one token each (default: 1 8)")
     parser.add_argument("--runs", type=int, default=20,
                         help="timed runs per call on a GPU (default: %(default)s)")
     args = parser.parse_args(argv)
 
     hidden, intermediate = QWEN25_MLPS[args.model]
-    missing = _selection.kernels_unusable_reason()
+    missing = selection.kernels_unusable_reason()
     print(f"jax_swiglu demo: {args.layers} SwiGLU MLP blocks of {args.model} (hidden {hidden}, "
           f"intermediate {intermediate}), bfloat16, random weights")
     print(f"jax {jax.__version__}, devices {jax.devices()}")
@@ -169,12 +169,16 @@ def main(argv=None) -> int:
                       for block in progress(reference.blocks, "fused model (packed once)")])
 
     key_prefill, key_decode = jax.random.split(jax.random.key(1))
-    calls = (  # [batch, sequence, hidden]
-        ("prefill", jax.random.normal(key_prefill, (1, prefill_tokens, hidden), jnp.bfloat16)),
-        ("decode", jax.random.normal(key_decode, (args.decode_tokens, 1, hidden), jnp.bfloat16)))
+    calls = [  # [batch, sequence, hidden]
+        ("prefill", jax.random.normal(key_prefill, (1, prefill_tokens, hidden), jnp.bfloat16))]
+    calls += [(f"decode, batch {batch}",
+               jax.random.normal(jax.random.fold_in(key_decode, batch), (batch, 1, hidden),
+                                 jnp.bfloat16))
+              for batch in args.decode_tokens]
     fused_jit, reference_jit = JittedModel(fused), JittedModel(reference)
     for name, x in calls:
-        run_call(name, x, fused_jit, reference_jit, explain=fused.blocks[0].explain(x),
+        run_call(name, x, fused_jit, reference_jit, explain=fused.blocks[0].explain(
+                     x, platform="cuda" if jax_swiglu.kernels_available() else None),
                  blocks=args.layers, timed=missing is None, runs=args.runs)
     return 0
 

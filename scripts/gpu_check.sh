@@ -1,42 +1,36 @@
 #!/usr/bin/env bash
-# The GPU check, in one command, on an SM90 machine with no network:
-#   1. installs build requirements the machine lacks from wheels carried in .whl/
-#      (nvidia-cutlass, for the CUTLASS headers),
-#   2. builds jax_swiglu against this machine's own jaxlib (no build isolation),
-#      printing ptxas's register/spill report,
-#   3. runs the GPU tests (CI runs the rest; PYTEST_ARGS="tests" runs everything),
-#   4. the demo (python -m jax_swiglu.demo; DEMO=0 skips it) and
-#   5. a quick benchmark (BENCH_ARGS overrides: e.g. BENCH_ARGS="" runs the full suite;
+# The GPU check, in one command, on an SM90 machine with no network (scripts/gpu_check.sh):
+#   1. installs what the machine lacks from wheels carried in .whl/ (nvidia-cutlass for the
+#      CUTLASS headers; tokamax and its pure-Python dependencies for the peer benchmark),
+#   2. builds jax_swiglu with every kernel config (JAX_SWIGLU_ALL_CONFIGS=ON) against this
+#      machine's own jaxlib, printing ptxas's register/spill report; PREBUILT=1 instead uses
+#      the jax_swiglu/_kernels*.so already in the tree (carried from an earlier build),
+#   3. the GPU tests (tests/gpu; PYTEST_ARGS overrides, TESTS=0 skips; TEST_TIMEOUT bounds),
+#   4. the demo (python -m jax_swiglu.demo; DEMO=0 skips it),
+#   5. with CALIBRATE=1, benchmarks/calibrate.py (CALIBRATE_ARGS; several runs separated by
+#      ';'), and with TUNING_DATA=1 their merge into jax_swiglu/data/ (benchmarks/tuning_data.py,
+#      with the held-out report),
+#   6. the benchmark (BENCH_ARGS, several runs separated by ';'; default "--suite quick";
 #      BENCH=0 skips it),
-#   6. with CALIBRATE=1, benchmarks/calibrate.py (every tile config; CALIBRATE_ARGS, several
-#      runs separated by ';'),
-#   7. with TENSOR_PARALLEL=1, benchmarks/tensor_parallel.py (TP_ARGS) on the local GPUs,
-#   8. with SASS=1 (after the build), the kernels' machine code (sass.txt.gz) and per kernel
-#      its MUFU and FMA-pipe instruction counts in summary.txt,
-#   9. with SANITIZE=1, scripts/sanitize.sh (compute-sanitizer; TOOLS, TOOL_TIMEOUT pass
-#      through), its summary appended to summary.txt and its logs joined in sanitize.log,
-#  10. with GEMM_PROBE=1, benchmarks/gemm_probe/run.sh (GEMM_PROBE_ARGS: the M values): cuBLAS's
-#      bare GEMM, plain CUTLASS GEMMs with our kernels' tiles and our fused kernels, side by
-#      side, under sustained load and in short bursts (gemm_probe-idle*.{json,md}, -clocks.csv),
-#  11. with NCU=1, Nsight Compute over benchmarks/profile_kernels.py (NCU_ARGS: its --rows and
-#      --launches): one call each of the bare GEMM and fused launches, clocks left alone;
-#      ncu.txt holds the report's details page, ncu-raw.csv every metric collected; NCU_EXTRA
-#      adds ncu options (e.g. --section SourceCounters, then ncu-source.csv.gz per instruction).
-#  12. with TRACE=1, benchmarks/gemm_probe/trace.sh (TRACED: the variants; TRACE_ARGS: the
-#      rows model:M): per-tile timelines of the pingpong configs, in SM clock cycles
-#      (trace.md, trace.json, trace.csv.gz).
-# TESTS=0 skips step 3; TEST_TIMEOUT (seconds, default 1800) bounds it, so a hung kernel
-# still leaves the later steps time to run.
-# Results go to $OUT (default ./gpu_check_out): summary.txt, build.log, pytest.log,
-# gpu_report.jsonl (per-case errors), demo.log, the benchmark's JSON + markdown,
-# calibration.json and sanitize.log.
+#   7. with SANITIZE=1, scripts/sanitize.sh (compute-sanitizer; TOOLS, TOOL_TIMEOUT and
+#      SANITIZE_CONFIGS pass through),
+#   8. with SASS=1 (after a build), the kernels' machine code and per kernel its MUFU and
+#      FMA-pipe instruction counts in summary.txt,
+#   9. with NCU=1, Nsight Compute over benchmarks/profile_kernels.py (NCU_ARGS),
+#  10. with TENSOR_PARALLEL=1, benchmarks/tensor_parallel.py (TP_ARGS) on the local GPUs.
+# Results go to $OUT (default ./gpu_check_out): summary.txt (the short story), results.tgz
+# (every log, JSON, markdown and plot), and with SAVE_SO=1 the built extension, so a later
+# call can carry it back (PREBUILT=1) and skip the build. Few files: a device call returns few.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
+WORK="$OUT/work"
+mkdir -p "$WORK"
 PY=${PYTHON:-python3}
 SUMMARY="$OUT/summary.txt"
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 status=0
 
 {
@@ -47,150 +41,128 @@ status=0
 } > "$SUMMARY" 2>&1
 
 if compgen -G ".whl/*.whl" > /dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps .whl/*.whl >> "$SUMMARY" 2>&1
+  "$PY" -m pip install -q --no-index --no-deps .whl/*.whl >> "$SUMMARY" 2>&1 \
+    || echo "some carried wheels did not install (see above)" >> "$SUMMARY"
 fi
 
-echo "== build" | tee -a "$SUMMARY"
-start=$(date +%s)
-if ! "$PY" -m pip install -v --no-index --no-deps --no-build-isolation \
-    -C cmake.define.JAX_SWIGLU_PTXAS_VERBOSE=ON . > "$OUT/build.log" 2>&1; then
-  echo "BUILD FAILED (see build.log)" | tee -a "$SUMMARY"
-  tail -40 "$OUT/build.log"
-  exit 1
+if [ "${PREBUILT:-0}" = 1 ] && compgen -G "jax_swiglu/_kernels*.so" > /dev/null; then
+  echo "== prebuilt extension: $(ls jax_swiglu/_kernels*.so)" | tee -a "$SUMMARY"
+else
+  echo "== build" | tee -a "$SUMMARY"
+  start=$(date +%s)
+  if ! JAX_SWIGLU_ALL_CONFIGS=1 "$PY" -m pip install -v --no-index --no-deps --no-build-isolation \
+      -C cmake.define.JAX_SWIGLU_PTXAS_VERBOSE=ON . > "$WORK/build.log" 2>&1; then
+    echo "BUILD FAILED (see build.log)" | tee -a "$SUMMARY"
+    grep -E "error|Error" "$WORK/build.log" | head -20 | tee -a "$SUMMARY"
+    tail -20 "$WORK/build.log"
+    tar czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null
+    exit 1
+  fi
+  echo "built in $(( $(date +%s) - start )) s; ptxas per kernel (registers, spills):" >> "$SUMMARY"
+  grep -E "spill stores|Used [0-9]+ registers" "$WORK/build.log" | sort | uniq -c \
+    >> "$SUMMARY"
 fi
-echo "built in $(( $(date +%s) - start )) s; ptxas per kernel:" >> "$SUMMARY"
-grep -E "Compiling entry function|spill stores|Used [0-9]+ registers" "$OUT/build.log" \
-  | sed -E 's/Compiling entry function .*(Cooperative|Pingpong)[^ ]*(bfloat16_t|half_t).*/kernel \1 \2/' \
-  >> "$SUMMARY"
+if [ "${SAVE_SO:-0}" = 1 ]; then
+  cp jax_swiglu/_kernels*.so "$OUT/" && echo "saved $(ls jax_swiglu/_kernels*.so)" >> "$SUMMARY"
+fi
 
 if [ "${SASS:-0}" = 1 ]; then
-  # The kernels' machine code (cuobjdump), and per kernel (by schedule and dtype; the
-  # interleaved tile configs share a name) its static count of MUFU instructions (the SM's
-  # 16-per-clock special-function unit: SiLU's exp and reciprocals) and FP32 FFMA/FMUL/FADD.
-  so=$(cd / && "$PY" -c "import jax_swiglu._kernels as k; print(k.__file__)")
-  cuobjdump -sass "$so" > "$OUT/sass.txt" 2>&1 || echo "cuobjdump failed (see sass.txt)" >> "$SUMMARY"
+  so=$(ls jax_swiglu/_kernels*.so | head -1)
+  cuobjdump -sass "$so" > "$WORK/sass.txt" 2>&1 || echo "cuobjdump failed" >> "$SUMMARY"
   awk '/Function :/ { name = $3 } /MUFU/ { mufu[name]++ } /[^A-Z](FFMA|FMUL|FADD)[ .]/ { fma[name]++ }
        END { for (n in mufu) printf "sass %s: MUFU %d, FFMA/FMUL/FADD %d\n", n, mufu[n], fma[n] }' \
-    "$OUT/sass.txt" | sed -E -e 's/_Z[^ ]*GateThenUpMainloop[^ ]*(bfloat16_t|half_t)[^:]*/GateThenUp \1/' \
-    -e 's/_Z[^ ]*(Cooperative|Pingpong)[^ ]*(bfloat16_t|half_t)[^:]*/\1 \2/' | sort \
-    >> "$SUMMARY"
-  gzip -f "$OUT/sass.txt"
+    "$WORK/sass.txt" | sed -E 's/_Z[^ ]*(Cooperative|Pingpong)[^ ]*(bfloat16_t|half_t)[^:]*/\1 \2/' \
+    | sort | uniq -c >> "$SUMMARY"
+  gzip -f "$WORK/sass.txt"
 fi
 
 if [ "${TESTS:-1}" = 1 ]; then
   echo "== tests" | tee -a "$SUMMARY"
-  rm -f "$OUT/gpu_report.jsonl"
   # XLA's GEMM autotuning only slows the fp32 references down here; the kernels don't use it.
-  # (No comment line may sit inside this continued command: it would end it.)
   # shellcheck disable=SC2086
   XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
-  JAX_SWIGLU_GPU_REPORT="$OUT/gpu_report.jsonl" timeout "${TEST_TIMEOUT:-1800}" "$PY" -m pytest -q -rs --durations=8 ${PYTEST_ARGS:--m gpu tests} 2>&1 \
-    | tee "$OUT/pytest.log" | tail -5
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  tail -3 "$OUT/pytest.log" >> "$SUMMARY"
-  "$PY" - "$OUT/gpu_report.jsonl" >> "$SUMMARY" 2>&1 <<'PYEOF'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])] if __import__("os").path.exists(sys.argv[1]) else []
+  JAX_SWIGLU_GPU_REPORT="$WORK/gpu_report.jsonl" timeout "${TEST_TIMEOUT:-1800}" \
+    "$PY" -m pytest -q -rs --durations=8 ${PYTEST_ARGS:-tests/gpu} > "$WORK/pytest.log" 2>&1
+  [ $? -eq 0 ] || status=1
+  tail -3 "$WORK/pytest.log" | tee -a "$SUMMARY"
+  grep -E "^(FAILED|ERROR)" "$WORK/pytest.log" | head -20 >> "$SUMMARY"
+  "$PY" - "$WORK/gpu_report.jsonl" >> "$SUMMARY" 2>&1 <<'PYEOF'
+import json, os, sys
+rows = [json.loads(line) for line in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []
 if rows:
-    bad = sum(r["mismatches"] for r in rows)
+    bad = sum(r.get("mismatches", 0) for r in rows)
     print(f"GPU cases: {len(rows)}, total mismatches {bad}, "
-          f"max rel_fro {max(r['rel_fro'] for r in rows):.3e}")
+          f"max rel_fro {max(r.get('rel_fro', 0) for r in rows):.3e}")
 PYEOF
 fi
 
 if [ "${DEMO:-1}" = 1 ]; then
   echo "== demo" | tee -a "$SUMMARY"
-  "$PY" -m jax_swiglu.demo > "$OUT/demo.log" 2>&1 || status=1
-  tail -12 "$OUT/demo.log" | tee -a "$SUMMARY"
-fi
-
-if [ "${BENCH:-1}" = 1 ]; then
-  echo "== benchmark" | tee -a "$SUMMARY"
-  # shellcheck disable=SC2086
-  "$PY" benchmarks/bench_swiglu.py ${BENCH_ARGS---quick} --out-dir "$OUT" 2>&1 | tail -25 \
-    | tee -a "$SUMMARY"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  "$PY" -m jax_swiglu.demo > "$WORK/demo.log" 2>&1 || status=1
+  grep -E "kernel:|time per forward|error" "$WORK/demo.log" | tee -a "$SUMMARY"
 fi
 
 if [ "${CALIBRATE:-0}" = 1 ]; then
-  # CALIBRATE_ARGS may hold several runs separated by ';' (calibration-1.json, -2, ...).
   IFS=';' read -r -a calibrations <<< "${CALIBRATE_ARGS:-}"
   [ ${#calibrations[@]} -gt 0 ] || calibrations=("")
   for i in "${!calibrations[@]}"; do
-    name=calibration
-    [ ${#calibrations[@]} -gt 1 ] && name="calibration-$((i + 1))"
-    echo "== $name: ${calibrations[$i]}" | tee -a "$SUMMARY"
+    echo "== calibration $((i + 1)): ${calibrations[$i]}" | tee -a "$SUMMARY"
     # shellcheck disable=SC2086
-    "$PY" benchmarks/calibrate.py ${calibrations[$i]} --out "$OUT/$name.json" 2>&1 | tail -40 \
-      | tee -a "$SUMMARY"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    "$PY" -m benchmarks.calibrate ${calibrations[$i]} --out "$WORK/calibration-$((i + 1)).json" \
+      > "$WORK/calibration-$((i + 1)).log" 2>&1 || status=1
+    tail -3 "$WORK/calibration-$((i + 1)).log" | tee -a "$SUMMARY"
   done
+  if [ "${TUNING_DATA:-0}" = 1 ]; then
+    echo "== tuning data" | tee -a "$SUMMARY"
+    "$PY" -m benchmarks.tuning_data "$WORK"/calibration-*.json --report "$WORK/held-out-report.md" \
+      > "$WORK/tuning_data.log" 2>&1 || status=1
+    grep -E "entries|geomean|rows" "$WORK/tuning_data.log" | head -8 | tee -a "$SUMMARY"
+    cp jax_swiglu/data/*.json "$WORK/" 2>/dev/null
+  fi
 fi
 
-if [ "${GEMM_PROBE:-0}" = 1 ]; then
-  echo "== gemm probe: ${GEMM_PROBE_ARGS:-}" | tee -a "$SUMMARY"
-  # shellcheck disable=SC2086
-  OUT="$OUT" PYTHON="$PY" bash benchmarks/gemm_probe/run.sh ${GEMM_PROBE_ARGS:-} 2>&1 | tail -30 \
-    | tee -a "$SUMMARY"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-
-if [ "${TRACE:-0}" = 1 ]; then
-  echo "== trace: ${TRACED:-6 6:skip} on ${TRACE_ARGS:-}" | tee -a "$SUMMARY"
-  # shellcheck disable=SC2086
-  OUT="$OUT" PYTHON="$PY" bash benchmarks/gemm_probe/trace.sh ${TRACE_ARGS:-} 2>&1 | tail -30 \
-    | tee -a "$SUMMARY"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-
-if [ "${TENSOR_PARALLEL:-0}" = 1 ]; then
-  # The multi-GPU run (benchmarks/tensor_parallel.py; TP_ARGS, e.g. "--tp 2"): tensor-parallel
-  # fused_mlp vs the plain XLA sharded MLP, checked against one GPU. NCCL_NVLS_ENABLE=0.
-  echo "== tensor parallel" | tee -a "$SUMMARY"
-  # shellcheck disable=SC2086
-  NCCL_NVLS_ENABLE=0 "$PY" benchmarks/tensor_parallel.py ${TP_ARGS:-} --out-dir "$OUT" 2>&1 \
-    | tail -20 | tee -a "$SUMMARY"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ "${BENCH:-1}" = 1 ]; then
+  IFS=';' read -r -a benches <<< "${BENCH_ARGS:---suite quick}"
+  for i in "${!benches[@]}"; do
+    echo "== benchmark $((i + 1)): ${benches[$i]}" | tee -a "$SUMMARY"
+    # shellcheck disable=SC2086
+    "$PY" -m benchmarks.bench_swiglu ${benches[$i]} --out-dir "$WORK" > "$WORK/bench-$((i + 1)).log" 2>&1 \
+      || status=1
+    grep -E "^\| (P|D|H)[0-9] \|" "$WORK/bench-$((i + 1)).log" | tee -a "$SUMMARY"
+    tail -1 "$WORK/bench-$((i + 1)).log" | tee -a "$SUMMARY"
+  done
 fi
 
 if [ "${SANITIZE:-0}" = 1 ]; then
   echo "== sanitize" | tee -a "$SUMMARY"
-  rm -rf "$OUT/sanitize"
-  OUT="$OUT/sanitize" PYTHON="$PY" scripts/sanitize.sh 2>&1 | tee -a "$SUMMARY"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  # One file instead of one per tool: few files come back from a device machine.
-  for f in "$OUT"/sanitize/summary.txt "$OUT"/sanitize/*.log; do
-    [ -f "$f" ] && { echo "=== $(basename "$f")"; cat "$f"; }
-  done > "$OUT/sanitize.log"
-  rm -rf "$OUT/sanitize"
-  if [ "$(stat -c %s "$OUT/sanitize.log")" -gt $((15 << 20)) ]; then gzip -f "$OUT/sanitize.log"; fi
+  OUT="$WORK/sanitize" PYTHON="$PY" scripts/sanitize.sh > "$WORK/sanitize-run.log" 2>&1 || status=1
+  cat "$WORK/sanitize/summary.txt" 2>/dev/null | head -20 | tee -a "$SUMMARY"
 fi
 
 if [ "${NCU:-0}" = 1 ]; then
   echo "== ncu: ${NCU_ARGS:-}" | tee -a "$SUMMARY"
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
-  rm -f "$OUT/ncu.ncu-rep"
-  # No preallocated pool: ncu saves and restores the memory a kernel can reach between passes.
   # shellcheck disable=SC2086
   XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${NCU_TIMEOUT:-300}" "$NCU_BIN" \
       --profile-from-start off --clock-control none \
-      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
-      ${NCU_EXTRA:-} -o "$OUT/ncu" "$PY" benchmarks/profile_kernels.py ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1
-  [ $? -eq 0 ] || status=1
-  tail -5 "$OUT/ncu.log" | tee -a "$SUMMARY"
-  if [ -f "$OUT/ncu.ncu-rep" ]; then
-    "$NCU_BIN" --import "$OUT/ncu.ncu-rep" --page details > "$OUT/ncu.txt" 2>&1
-    "$NCU_BIN" --import "$OUT/ncu.ncu-rep" --page raw --csv > "$OUT/ncu-raw.csv" 2>&1
-    # With NCU_EXTRA="--section SourceCounters ...": where each kernel's warps stall, per SASS
-    # instruction (sampled), compressed.
-    if [ -n "${NCU_EXTRA:-}" ]; then
-      "$NCU_BIN" --import "$OUT/ncu.ncu-rep" --page source --csv --print-source sass \
-        2>&1 | gzip > "$OUT/ncu-source.csv.gz"
-    fi
-    rm -f "$OUT/ncu.ncu-rep"
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+      ${NCU_EXTRA:-} -o "$WORK/ncu" "$PY" -m benchmarks.profile_kernels ${NCU_ARGS:-} > "$WORK/ncu.log" 2>&1 \
+    || status=1
+  if [ -f "$WORK/ncu.ncu-rep" ]; then
+    "$NCU_BIN" --import "$WORK/ncu.ncu-rep" --page details > "$WORK/ncu.txt" 2>&1
+    "$NCU_BIN" --import "$WORK/ncu.ncu-rep" --page raw --csv > "$WORK/ncu-raw.csv" 2>&1
+    rm -f "$WORK/ncu.ncu-rep"
   fi
 fi
 
+if [ "${TENSOR_PARALLEL:-0}" = 1 ]; then
+  echo "== tensor parallel" | tee -a "$SUMMARY"
+  # shellcheck disable=SC2086
+  NCCL_NVLS_ENABLE=0 "$PY" -m benchmarks.tensor_parallel ${TP_ARGS:-} --out-dir "$WORK" \
+    > "$WORK/tensor_parallel.log" 2>&1 || status=1
+  tail -5 "$WORK/tensor_parallel.log" | tee -a "$SUMMARY"
+fi
+
 echo "== done, status $status" | tee -a "$SUMMARY"
+tar czf "$OUT/results.tgz" -C "$WORK" . && rm -rf "$WORK"
 exit $status

@@ -9,7 +9,7 @@
 ``JAX_SWIGLU_CONFIG``, read when a function is lowered, hence ``jax.clear_caches()`` between
 configs) on the cases of ``PLANS``: partial tiles in M on the smallest and the largest Qwen2.5
 MLP. It prints ``CASE ...`` before each call and ``OK``/``WRONG`` after it, then ``DONE``.
-Each result is also checked against a host fp32 reference (the criterion of tests/test_gpu.py),
+Each result is also checked against a host fp32 reference (the criterion of tests/gpu/test_kernels.py),
 so a hazard that corrupts the output shows up even when the tool says nothing. Inputs are
 made on the host and copied over, and the reference is computed on the host, so the only
 device work is the kernel, one fill (the NaN poison the output is written into) and copies:
@@ -112,7 +112,7 @@ def _host_inputs(k: int, n: int, m_max: int, seed: int):
 
 
 def check(y, reference):
-    """(elements off, relative Frobenius error): the criterion of tests/test_gpu.py."""
+    """(elements off, relative Frobenius error): the criterion of tests/gpu/test_kernels.py."""
     import numpy as np
 
     y = np.asarray(y, np.float32)
@@ -139,16 +139,16 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
     import jax.numpy as jnp
 
     import jax_swiglu
-    from jax_swiglu import _selection
+    from jax_swiglu import selection
 
     print(f"jax {jax.__version__}, devices {jax.devices()}, " + ", ".join(
         f"{name}={os.environ.get(name, '')!r}" for name in (*SANITIZER_ENV, "XLA_FLAGS")))
-    unusable = _selection.kernels_unusable_reason()
+    unusable = selection.kernels_unusable_reason()
     if unusable and not allow_reference:
         print(f"SETUP the fused kernels cannot run here: {unusable}")
         return 2
-    kernels = [k for k in jax_swiglu.KERNELS if k != "xla"]
     configs = jax_swiglu.kernel_configs()
+    kernels = [k for k in jax_swiglu.KERNELS if k in configs]
     if not all(configs.get(kernel) for kernel in kernels):
         print(f"SETUP no compiled tile configs for {kernels}: {jax_swiglu.unavailable_reason()}")
         return 2
@@ -157,7 +157,7 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
 
     def fused(kernel, n):
         # The NaN-filled first argument is donated and aliased to the output, so an element
-        # the kernel skips stays NaN (see tests/test_gpu.py).
+        # the kernel skips stays NaN (see tests/gpu/test_kernels.py).
         return jax.jit(
             lambda poison, x, data: jax_swiglu.swiglu(
                 x, jax_swiglu.PackedWeights(data, n), kernel=kernel),
@@ -178,39 +178,45 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
             if not any(runs(kernel, config, m) for m in m_values):
                 print(f"NOTE config {config} runs M in bands of "
                       f"{configs[kernel][config].m_multiple} rows: no case here")
-    planned = sum(runs(kernel, config, m) for kernel in kernels for config in configs[kernel]
+    # Stream-K configs also run as split-K (their workspace and fixed-order reduction).
+    # SANITIZE_CONFIGS="18 19" limits the run to those interleaved configs.
+    only = {int(c) for c in os.environ.get("SANITIZE_CONFIGS", "").split()}
+    launches = [(kernel, config, splits) for kernel in kernels for config in sorted(configs[kernel])
+                if not only or (kernel == "interleaved" and config in only)
+                for splits in ((1, 2, 4) if configs[kernel][config].splits_k else (1,))]
+    planned = sum(runs(kernel, config, m) for kernel, config, _ in launches
                   for m in m_values) * len(models)
     print(f"PLAN tool={tool} cases={planned}")
     cases = wrong = 0
-    env = _selection.CONFIG_ENV_VAR
-    for kernel in kernels:
-        for config in sorted(configs[kernel]):
-            os.environ[env] = str(config)
-            jax.clear_caches()  # the config is read when a function is lowered
-            for model in models:
-                k, n, x_all, packed, reference = data[model]
-                fn = fused(kernel, n)
-                for m in (m for m in m_values if runs(kernel, config, m)):
-                    cases += 1
-                    label = f"tool={tool} kernel={kernel} config={config} {model} m={m} k={k} n={n}"
-                    print(f"CASE {label}")
-                    start = time.time()
-                    try:
-                        x = jax.device_put(x_all[:m])
-                        poison = jnp.full((m, n), jnp.nan, x.dtype)
-                        lowered = lowered_config(fn.trace(poison, x, packed).lower(
-                            lowering_platforms=("cuda",)).as_text())
-                        if lowered != config:
-                            raise AssertionError(f"the CUDA lowering uses config {lowered}")
-                        y = jax.block_until_ready(fn(poison, x, packed))
-                        off, rel_fro = check(y, reference[:m])
-                        verdict = "OK" if off == 0 and rel_fro < 1e-2 else "WRONG"
-                        detail = f"off={off} rel_fro={rel_fro:.3g}"
-                    except Exception as error:  # noqa: BLE001 (reported, counted, carried on)
-                        message = " ".join(str(error).split())[:500]  # one line
-                        verdict, detail = "WRONG", f"{type(error).__name__}: {message}"
-                    wrong += verdict == "WRONG"
-                    print(f"{verdict} {label} {detail} ({time.time() - start:.1f} s)")
+    env = selection.CONFIG_ENV_VAR
+    for kernel, config, splits in launches:
+        os.environ[env] = f"{config},splits={splits}"
+        jax.clear_caches()  # the config is read when a function is lowered
+        for model in models:
+            k, n, x_all, packed, reference = data[model]
+            fn = fused(kernel, n)
+            for m in (m for m in m_values if runs(kernel, config, m)):
+                cases += 1
+                label = (f"tool={tool} kernel={kernel} config={config} splits={splits} "
+                         f"{model} m={m} k={k} n={n}")
+                print(f"CASE {label}")
+                start = time.time()
+                try:
+                    x = jax.device_put(x_all[:m])
+                    poison = jnp.full((m, n), jnp.nan, x.dtype)
+                    lowered = lowered_config(fn.trace(poison, x, packed).lower(
+                        lowering_platforms=("cuda",)).as_text())
+                    if lowered != config:
+                        raise AssertionError(f"the CUDA lowering uses config {lowered}")
+                    y = jax.block_until_ready(fn(poison, x, packed))
+                    off, rel_fro = check(y, reference[:m])
+                    verdict = "OK" if off == 0 and rel_fro < 1e-2 else "WRONG"
+                    detail = f"off={off} rel_fro={rel_fro:.3g}"
+                except Exception as error:  # noqa: BLE001 (reported, counted, carried on)
+                    message = " ".join(str(error).split())[:500]  # one line
+                    verdict, detail = "WRONG", f"{type(error).__name__}: {message}"
+                wrong += verdict == "WRONG"
+                print(f"{verdict} {label} {detail} ({time.time() - start:.1f} s)")
     os.environ.pop(env, None)
     print(f"DONE tool={tool} cases={cases} wrong={wrong}")
     return 1 if wrong else 0

@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_swiglu
-from jax_swiglu import GATE_UP_BLOCK, _selection, fused_mlp, pack_weights, swiglu
+from jax_swiglu import GATE_UP_BLOCK, fused_mlp, pack_weights, selection, swiglu
 
 DEVICES = 8
 MESH_SHAPES = ((1, 8), (2, 4), (8, 1))  # (data, model)
@@ -337,7 +337,7 @@ def check_cuda_partitioning(mesh):
     local_m, local_width = m // data_shards, 2 * N // model_shards
     x = jax.ShapeDtypeStruct((m, K), jnp.bfloat16, sharding=NamedSharding(mesh, P("data")))
     packed = put_packed(mesh, inputs()["packed"], None, "model")
-    config = _selection.choose(local_m, N // model_shards, K, jnp.bfloat16).config.id
+    config = selection.choose(local_m, N // model_shards, K, jnp.bfloat16).config.id
     local_call = ("jax_swiglu_interleaved_bf16", f"bf16[{local_m},{K}]",
                   f"bf16[{K},{local_width}]", f"bf16[{local_m},{N // model_shards}]", config)
 

@@ -8,7 +8,7 @@ import pytest
 import jax_swiglu
 from jax_swiglu import fused_mlp, pack_weights, swiglu
 
-from conftest import random_weights, random_x, reference_f64, rounding_tolerance
+from helpers import random_weights, random_x, reference_f64, rounding_tolerance
 
 
 def _assert_close_to_f64(y, x, w_gate, w_up):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import jax_swiglu
-from jax_swiglu import _native, _selection, pack_weights, swiglu
+from jax_swiglu import _native, pack_weights, selection, swiglu
 
-from conftest import random_weights, random_x, requires_kernels
+from helpers import random_weights, random_x, requires_kernels
 
 
 def test_alignment_is_an_error_at_pack_time():
@@ -56,32 +56,32 @@ def test_nan_and_inf_propagate_like_the_reference(key):
 def test_non_sm90_gpu_falls_back_to_xla_with_one_warning(monkeypatch):
     if not _native.kernels_available():
         pytest.skip("the fallback only matters when the kernels exist")
-    monkeypatch.setattr(_selection, "local_gpu_is_sm90", lambda: False)
-    _selection._warn_once.cache_clear()
+    monkeypatch.setattr(selection, "local_gpu_is_sm90", lambda: False)
+    selection._warn_once.cache_clear()
     with pytest.warns(RuntimeWarning, match="SM90"):
-        first = _selection.choose(128, 4864, 896, jnp.bfloat16)
+        first = selection.choose(128, 4864, 896, jnp.bfloat16)
     assert first.kernel == "xla" and first.target is None
     with warnings_as_errors():  # said once, not per call
-        _selection.choose(256, 4864, 896, jnp.bfloat16)
+        selection.choose(256, 4864, 896, jnp.bfloat16)
     # Forcing a fused kernel there is an error that names the reason.
     with pytest.raises(RuntimeError, match="SM90"):
-        _selection.choose(128, 4864, 896, jnp.bfloat16, kernel="interleaved")
+        selection.choose(128, 4864, 896, jnp.bfloat16, kernel="interleaved")
 
 
 def test_missing_extension_falls_back_with_one_warning(monkeypatch):
     monkeypatch.setattr(_native, "_kernels", None)
     monkeypatch.setattr(_native, "_IMPORT_ERROR", "the extension was not built (test)")
-    _selection._warn_once.cache_clear()
+    selection._warn_once.cache_clear()
     with pytest.warns(RuntimeWarning, match="not built"):
-        assert _selection.choose(128, 4864, 896, jnp.bfloat16).kernel == "xla"
+        assert selection.choose(128, 4864, 896, jnp.bfloat16).kernel == "xla"
     with pytest.raises(RuntimeError, match="not built"):
-        _selection.choose(128, 4864, 896, jnp.bfloat16, kernel="interleaved")
+        selection.choose(128, 4864, 896, jnp.bfloat16, kernel="interleaved")
 
 
 @requires_kernels
 def test_lowering_on_a_non_sm90_gpu_has_no_custom_call(monkeypatch):
-    monkeypatch.setattr(_selection, "local_gpu_is_sm90", lambda: False)
-    _selection._warn_once.cache_clear()
+    monkeypatch.setattr(selection, "local_gpu_is_sm90", lambda: False)
+    selection._warn_once.cache_clear()
     jax.clear_caches()
     packed = pack_weights(*random_weights(jax.random.key(0), 64, 128))
     with pytest.warns(RuntimeWarning, match="SM90"):

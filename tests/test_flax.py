@@ -1,8 +1,8 @@
 """The Flax modules (jax_swiglu.nn): math, conversion, param layout and logical axis names.
 
-The CPU tests run on the CPU device even where a GPU exists, so the fused modules take the
-reference path there and must equal the unfused reference bit for bit. The GPU tests at
-the end compare the fused kernels with the reference within the kernels' tolerance.
+These run on the CPU device even where a GPU exists, so the fused modules take the reference
+path and must equal the unfused reference bit for bit (tests/gpu/test_flax.py compares the
+fused kernels with the reference within the kernels' tolerance).
 """
 
 import subprocess
@@ -22,16 +22,13 @@ import jax_swiglu  # noqa: E402
 from jax_swiglu import nn as swiglu_nn  # noqa: E402
 from jax_swiglu.nn import linen as swiglu_linen  # noqa: E402
 
-from conftest import gpu_skip_reason, random_x  # noqa: E402
+from helpers import random_x  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
-def cpu_unless_gpu_test(request):
-    if request.node.get_closest_marker("gpu"):
-        yield
-        return
+def on_the_cpu():
     with jax.default_device(jax.devices("cpu")[0]):
         yield
 
@@ -123,7 +120,7 @@ def test_kernel_attribute_reaches_the_primitive(key):
     binds = [e for e in jaxpr.jaxpr.eqns if e.primitive is jax_swiglu.swiglu_p]
     assert [e.params["kernel"] for e in binds] == ["xla"]
     x = jax.ShapeDtypeStruct((4, 64), jnp.bfloat16)
-    assert "on cuda: xla (kernel='xla')" in fused.explain(x, platform="cuda")
+    assert "on cuda: xla (override: kernel='xla')" in fused.explain(x, platform="cuda")
 
 
 def test_linen_modules(key):
@@ -307,39 +304,3 @@ def test_jax_swiglu_imports_without_flax():
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "jax_swiglu.nn needs flax: pip install 'jax_swiglu[flax]'" in result.stdout
-
-
-# --- on the GPU: the fused kernels against the reference module -------------------------------
-
-_GPU_SKIP = gpu_skip_reason()
-requires_gpu = pytest.mark.skipif(_GPU_SKIP is not None, reason=f"GPU test: {_GPU_SKIP}")
-
-
-def _rel_frobenius(y, r):
-    y, r = np.asarray(y, np.float32), np.asarray(r, np.float32)
-    return np.linalg.norm(y - r) / np.linalg.norm(r)
-
-
-@pytest.mark.gpu
-@requires_gpu
-@pytest.mark.parametrize("kernel", [k for k in jax_swiglu.KERNELS if k != "xla"])
-@pytest.mark.parametrize("lead", [(8, 1), (1, 2048)])
-def test_gpu_fused_module_matches_reference(key, kernel, lead):
-    k, n = jax_swiglu.QWEN25_MLPS["qwen2.5-0.5b"]
-    reference = swiglu_nn.SwiGLUMLP(k, n, rngs=nnx.Rngs(0))
-    fused = swiglu_nn.FusedSwiGLUMLP.from_unfused(reference, kernel=kernel)
-    x = random_x(key, (*lead, k))
-    forward = jax.jit(lambda m, x: m(x))
-    assert f"jax_swiglu_{kernel}_bf16" in forward.lower(fused, x).as_text()
-    assert _rel_frobenius(forward(fused, x), forward(reference, x)) < 1e-2
-
-
-@pytest.mark.gpu
-@requires_gpu
-def test_gpu_linen_fused_module_matches_reference(key):
-    x = random_x(key, (4, 16, 896))
-    reference = swiglu_linen.SwiGLUMLP(4864)
-    variables = reference.init(jax.random.key(0), x)
-    fused_params = swiglu_nn.fuse_params(nn.unbox(variables)["params"])
-    y = jax.jit(swiglu_linen.FusedSwiGLUMLP(4864).apply)({"params": fused_params}, x)
-    assert _rel_frobenius(y, jax.jit(reference.apply)(variables, x)) < 1e-2

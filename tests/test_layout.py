@@ -8,7 +8,7 @@ import pytest
 import jax_swiglu
 from jax_swiglu import GATE_UP_BLOCK, PackedWeights, pack_weights, swiglu, unpack_weights
 
-from conftest import random_weights
+from helpers import random_weights
 
 
 @pytest.mark.parametrize("n", [8, 64, 200, 4864])

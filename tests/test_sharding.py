@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 import sharding_checks
 from jax_swiglu import PackedWeights, _layout, _primitive, pack_weights, swiglu, unpack_weights
 
-from conftest import random_weights, random_x
+from helpers import random_weights, random_x
 
 CHECKS_SCRIPT = Path(sharding_checks.__file__)
 

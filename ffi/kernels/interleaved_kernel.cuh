@@ -1,11 +1,15 @@
-// The interleaved fused SwiGLU kernel (Kernel-2 of the design).
+// The interleaved fused SwiGLU kernel: one GEMM over the packed gate/up matrix.
 //
-// One CUTLASS SM90 TMA warp-specialized GEMM over [M, 2N, K] on the packed gate/up
-// matrix, assembled from parts: the CollectiveBuilder's TMA + wgmma mainloop (its edge
-// tiles' loads kept inside x: edge_tiles.cuh), our SwiGluEpilogue (swiglu_epilogue.cuh)
-// and the persistent tile scheduler. Each CTA tile
-// covers tile_n packed columns = tile_n / 2 output columns, so the grid has twice the
-// tiles of an [M, N] grid with the same output tile.
+// One CUTLASS SM90 TMA warp-specialized GEMM assembled from parts: the CollectiveBuilder's
+// TMA + wgmma mainloop, one of our SwiGLU epilogues, and a tile scheduler. A config row
+// (kernel_configs.h) picks the parts. Two forms:
+//  - tokens on the wgmma M side (the prefill form): the GEMM is [M, 2N, K], x is A and the
+//    packed weights B; each tile covers tile_n packed columns = tile_n / 2 output columns,
+//    and SwiGluEpilogue pairs gate and up in registers. Edge tiles' x loads stay inside x
+//    (edge_tiles.cuh), and the split-tail and banded schedulers are ours.
+//  - weights on the wgmma M side (swap-AB, the decode form): the GEMM is [2N, M, K] with the
+//    packed weights as A (their packed columns contiguous, an MN-major operand) and x as B;
+//    SwapAbSwiGluEpilogue pairs gate and up through shared memory.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,6 +29,7 @@
 #include "launch_gemm.cuh"
 #include "m_bands.cuh"
 #include "split_tail.cuh"
+#include "swap_ab_epilogue.cuh"
 #include "swiglu_epilogue.cuh"
 
 namespace jax_swiglu {
@@ -59,90 +64,129 @@ struct TileSchedulerFor<TileScheduler::SplitTail, 1> {
   using type = SplitTailPersistentScheduler;
 };
 
-// kStore: the config's own output path unless a probe asks for the other one
-// (benchmarks/gemm_probe/traced_kernel.cuh).
-template <int ConfigId, class ElementTag,
-          OutputStore kStore = kInterleavedConfigs[ConfigId].store>
-struct InterleavedKernel {
+// The CollectiveBuilder's mainloop for interleaved config `ConfigId` beside `Epilogue` (whose
+// shared memory the stage count leaves free), on `TileShape` with A and B in these layouts.
+template <int ConfigId, class Element, class TileShape, class LayoutA, class LayoutB,
+          class Epilogue>
+using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA,
+    16 / sizeof(Element), Element, LayoutB, 16 / sizeof(Element), float, TileShape,
+    cute::Shape<cute::Int<kInterleavedConfigs[ConfigId].cluster_m>,
+                cute::Int<kInterleavedConfigs[ConfigId].cluster_n>, cute::_1>,
+    cutlass::gemm::collective::StageCountAutoCarveout<Epilogue::kSharedBytes>,
+    typename KernelScheduleFor<kInterleavedConfigs[ConfigId].schedule>::type>::CollectiveOp;
+
+// Tokens on the wgmma M side: A = x [M, K] (K contiguous), B = packed [K, 2N] (packed
+// columns contiguous).
+template <int ConfigId, class ElementTag>
+struct TokensOnMAssembly {
   static constexpr KernelConfig kConfig = kInterleavedConfigs[ConfigId];
   using Element = typename CutlassElement<ElementTag>::type;
   using TileShape = cute::Shape<cute::Int<kConfig.tile_m>, cute::Int<kConfig.tile_n>,
                                 cute::Int<kConfig.tile_k>>;
-  using ClusterShape =
-      cute::Shape<cute::Int<kConfig.cluster_m>, cute::Int<kConfig.cluster_n>, cute::_1>;
-
   // A split last round (split_tail.cuh): half tiles, whose rows only the direct store skips.
   static constexpr bool kSplitTail = kConfig.scheduler == TileScheduler::SplitTail;
-
-  // SiLU's reciprocal: alternating Newton and MUFU for the cooperative schedule, MUFU's
-  // for pingpong (swiglu_epilogue.cuh, Silu).
+  // SiLU's reciprocal: alternating Newton and MUFU for the cooperative schedule, MUFU's for
+  // pingpong (swiglu_epilogue.cuh, Silu).
   using Epilogue =
       SwiGluEpilogue<Element, TileShape,
-                     InterleavedPairs<kConfig.schedule == Schedule::Cooperative>, kStore,
+                     InterleavedPairs<kConfig.schedule == Schedule::Cooperative>, kConfig.store,
                      kSplitTail>;
-
-  // A = x [M, K] (K contiguous), B = packed [K, 2N] (packed N contiguous), fp32 accumulate;
-  // with the direct store, edge tiles' x loads kept inside x (edge_tiles.cuh).
-  static constexpr int kAlignment = 16 / sizeof(Element);
-  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      Element, cutlass::layout::RowMajor, kAlignment,
-      Element, cutlass::layout::RowMajor, kAlignment,
-      float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<Epilogue::kSharedBytes>,
-      typename KernelScheduleFor<kConfig.schedule>::type>::CollectiveOp;
-  using EdgeMainloop = cute::conditional_t<Epilogue::kShiftedRows,
-                                          EdgeTileMainloop<BuiltMainloop>, BuiltMainloop>;
+  using Built = BuiltMainloop<ConfigId, Element, TileShape,
+                              cutlass::layout::RowMajor, cutlass::layout::RowMajor, Epilogue>;
+  // With the direct store, edge tiles' x loads are kept inside x (edge_tiles.cuh).
+  using EdgeMainloop =
+      cute::conditional_t<Epilogue::kShiftedRows, EdgeTileMainloop<Built>, Built>;
   static_assert(!kSplitTail || (kConfig.schedule == Schedule::Pingpong && Epilogue::kDirect),
                 "a split tail needs the pingpong schedule and the direct store");
   using Mainloop = cute::conditional_t<kSplitTail, SplitTailMainloop<EdgeMainloop>, EdgeMainloop>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<
+      cute::Shape<int, int, int, int>, Mainloop, Epilogue,
+      typename TileSchedulerFor<kConfig.scheduler, kConfig.m_bands>::type>;
 
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
-                                           typename TileSchedulerFor<kConfig.scheduler,
-                                                                     kConfig.m_bands>::type>;
+  static typename Kernel::Arguments Arguments(const SwigluProblem& p, const DeviceFacts& facts) {
+    // Strides in CuTe's (rows, contraction, batch) order: A is (M, K, L), B is (N, K, L).
+    typename Kernel::StrideA stride_a = cute::make_stride(p.k, cute::_1{}, int64_t(0));
+    typename Kernel::StrideB stride_b = cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
+    return GemmArguments<Kernel>(
+        {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed), static_cast<int>(p.k), 1},
+        {static_cast<Element const*>(p.x), stride_a, static_cast<Element const*>(p.packed),
+         stride_b},
+        p, facts);
+  }
+};
+
+// Weights on the wgmma M side (swap-AB): A = packed^T [2N, K] (packed columns contiguous:
+// CUTLASS's column-major A), B = x as [M, K] (K contiguous: column-major B).
+template <int ConfigId, class ElementTag>
+struct WeightsOnMAssembly {
+  static constexpr KernelConfig kConfig = kInterleavedConfigs[ConfigId];
+  using Element = typename CutlassElement<ElementTag>::type;
+  using TileShape = cute::Shape<cute::Int<kConfig.tile_n>, cute::Int<kConfig.tile_m>,
+                                cute::Int<kConfig.tile_k>>;
+  using Epilogue = SwapAbSwiGluEpilogue<Element, TileShape>;
+  using Mainloop = BuiltMainloop<ConfigId, Element, TileShape,
+                                 cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor,
+                                 Epilogue>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<
+      cute::Shape<int, int, int, int>, Mainloop, Epilogue,
+      typename TileSchedulerFor<kConfig.scheduler, kConfig.m_bands>::type>;
+
+  static typename Kernel::Arguments Arguments(const SwigluProblem& p, const DeviceFacts& facts) {
+    typename Kernel::StrideA stride_a = cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
+    typename Kernel::StrideB stride_b = cute::make_stride(p.k, cute::_1{}, int64_t(0));
+    return GemmArguments<Kernel>(
+        {static_cast<int>(2 * p.n_packed), static_cast<int>(p.m), static_cast<int>(p.k), 1},
+        {static_cast<Element const*>(p.packed), stride_a, static_cast<Element const*>(p.x),
+         stride_b},
+        p, facts);
+  }
 };
 
 template <int ConfigId, class ElementTag>
-typename InterleavedKernel<ConfigId, ElementTag>::Kernel::Arguments InterleavedArguments(
-    const SwigluProblem& p, const DeviceFacts& facts) {
-  using Assembly = InterleavedKernel<ConfigId, ElementTag>;
-  using Kernel = typename Assembly::Kernel;
-  using Element = typename Assembly::Element;
-  // Strides in CuTe's (rows, contraction, batch) order: A is (M, K, L), B is (N, K, L).
-  typename Kernel::StrideA stride_a = cute::make_stride(p.k, cute::_1{}, int64_t(0));
-  typename Kernel::StrideB stride_b = cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
-  return GemmArguments<Kernel>({static_cast<Element const*>(p.x), stride_a,
-                                static_cast<Element const*>(p.packed), stride_b},
-                               p, facts);
+using InterleavedKernel =
+    cute::conditional_t<kInterleavedConfigs[ConfigId].m_side == MmaMSide::Weights,
+                        WeightsOnMAssembly<ConfigId, ElementTag>,
+                        TokensOnMAssembly<ConfigId, ElementTag>>;
+
+// Why `p` cannot run on config `ConfigId`, or "" if it can.
+template <int ConfigId>
+std::string InterleavedLaunchError(const SwigluProblem& p) {
+  constexpr KernelConfig config = kInterleavedConfigs[ConfigId];
+  const std::string name = "interleaved config " + std::to_string(ConfigId);
+  if (config.scheduler == TileScheduler::SplitTail && p.swizzle > 1) {
+    // The mainloop plans the split on tiles padded to whole clusters, not to swizzle groups.
+    return name + " splits its last round and takes no swizzle (got " +
+           std::to_string(p.swizzle) + ")";
+  }
+  if (config.m_bands > 1 && p.m % (config.m_bands * config.tile_m * config.cluster_m) != 0) {
+    // The bands are whole clusters of tiles (m_bands.cuh).
+    return name + " runs M in " + std::to_string(config.m_bands) +
+           " bands and needs M to be a multiple of " +
+           std::to_string(config.m_bands * config.tile_m * config.cluster_m) + " (got " +
+           std::to_string(p.m) + ")";
+  }
+  if (p.splits > 1 && config.scheduler != TileScheduler::StreamK) {
+    return name + " has no split-K (got splits=" + std::to_string(p.splits) + ")";
+  }
+  return {};
 }
 
 template <int ConfigId, class ElementTag>
 std::string LaunchInterleaved(const SwigluProblem& p, const DeviceFacts& facts,
                               cudaStream_t stream) {
   using Assembly = InterleavedKernel<ConfigId, ElementTag>;
-  constexpr KernelConfig config = Assembly::kConfig;
-  if (Assembly::kSplitTail && p.swizzle > 1) {
-    // The mainloop plans the split on tiles padded to whole clusters, not to swizzle groups.
-    return "interleaved config " + std::to_string(ConfigId) +
-           " splits its last round and takes no swizzle (got " + std::to_string(p.swizzle) + ")";
-  }
-  if (config.m_bands > 1 && p.m % (config.m_bands * config.tile_m * config.cluster_m) != 0) {
-    // The bands are whole clusters of tiles (m_bands.cuh).
-    return "interleaved config " + std::to_string(ConfigId) + " runs M in " +
-           std::to_string(config.m_bands) + " bands and needs M to be a multiple of " +
-           std::to_string(config.m_bands * config.tile_m * config.cluster_m) + " (got " +
-           std::to_string(p.m) + ")";
-  }
-  return LaunchGemm<typename Assembly::Kernel>(InterleavedArguments<ConfigId, ElementTag>(p, facts),
-                                               p, facts, dim3(config.cluster_m, config.cluster_n, 1),
+  constexpr KernelConfig config = kInterleavedConfigs[ConfigId];
+  if (std::string err = InterleavedLaunchError<ConfigId>(p); !err.empty()) return err;
+  return LaunchGemm<typename Assembly::Kernel>(Assembly::Arguments(p, facts), p, facts,
+                                               dim3(config.cluster_m, config.cluster_n, 1),
                                                stream, "interleaved");
 }
 
 template <int ConfigId, class ElementTag>
 size_t InterleavedWorkspaceBytes(const SwigluProblem& p, const DeviceFacts& facts) {
-  using Kernel = typename InterleavedKernel<ConfigId, ElementTag>::Kernel;
-  return Kernel::get_workspace_size(InterleavedArguments<ConfigId, ElementTag>(p, facts));
+  using Assembly = InterleavedKernel<ConfigId, ElementTag>;
+  return Assembly::Kernel::get_workspace_size(Assembly::Arguments(p, facts));
 }
 
 }  // namespace jax_swiglu

@@ -90,24 +90,40 @@ int MaxActiveClusters(int device, dim3 cluster_dims) {
   return clusters;
 }
 
-// The arguments of `Kernel` (any mainloop + SwiGluEpilogue) on the packed
-// [M, 2 N_pad, K] problem, around the kernel's own mainloop arguments, with the tile order.
+// Sets the stream-K scheduler's decomposition (other schedulers have none): a plain split-K
+// where `splits` > 1, else stream-K wherever the last wave of whole tiles would be ragged.
+// CUTLASS's own heuristic keeps whole tiles when that wave is more than half full, which
+// leaves SMs idle while a memory-bound call streams its weights.
+template <class SchedulerArguments>
+auto SetDecomposition(SchedulerArguments& args, int splits, int)
+    -> decltype(args.decomposition_mode, void()) {
+  using Mode = decltype(args.decomposition_mode);
+  args.splits = splits;
+  args.decomposition_mode = splits > 1 ? Mode::SplitK : Mode::StreamK;
+}
+template <class SchedulerArguments>
+void SetDecomposition(SchedulerArguments&, int, long) {}
+
+// The arguments of `Kernel` (any mainloop + one of our SwiGLU epilogues) on the GEMM
+// `problem` (the packed [M, 2 N_pad, K] one, or its swap-AB transpose), around the kernel's
+// own mainloop arguments, with the tile order.
 template <class Kernel>
-typename Kernel::Arguments GemmArguments(typename Kernel::MainloopArguments mainloop,
+typename Kernel::Arguments GemmArguments(typename Kernel::ProblemShape problem,
+                                         typename Kernel::MainloopArguments mainloop,
                                          const SwigluProblem& p, const DeviceFacts& facts) {
   using ElementD = typename Kernel::CollectiveEpilogue::ElementD;
-  typename Kernel::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGemm,
-      {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed), static_cast<int>(p.k), 1},
-      mainloop,
-      {static_cast<ElementD*>(p.out), static_cast<int>(p.n)},
-      cutlass::KernelHardwareInfo{facts.device, facts.sm_count},
-      {}};
+  typename Kernel::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                  problem,
+                                  mainloop,
+                                  {static_cast<ElementD*>(p.out), static_cast<int>(p.n)},
+                                  cutlass::KernelHardwareInfo{facts.device, facts.sm_count},
+                                  {}};
   using RasterOrder = typename Kernel::TileScheduler::RasterOrderOptions;
   args.scheduler.max_swizzle_size = p.swizzle;
   args.scheduler.raster_order = p.raster == 1   ? RasterOrder::AlongM
                                 : p.raster == 2 ? RasterOrder::AlongN
                                                 : RasterOrder::Heuristic;
+  SetDecomposition(args.scheduler, p.splits, 0);
   return args;
 }
 

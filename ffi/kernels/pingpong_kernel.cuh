@@ -56,6 +56,7 @@ typename PingpongKernel<ConfigId, ElementTag>::Kernel::Arguments PingpongArgumen
   using Assembly = PingpongKernel<ConfigId, ElementTag>;
   using Element = typename Assembly::Element;
   return GemmArguments<typename Assembly::Kernel>(
+      {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed), static_cast<int>(p.k), 1},
       {static_cast<Element const*>(p.x), static_cast<Element const*>(p.packed)}, p, facts);
 }
 

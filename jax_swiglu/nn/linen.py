@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .. import _layout, _selection
+from .. import _layout, selection
 from . import _common
 
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
@@ -98,7 +98,7 @@ class FusedSwiGLUMLP(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """``[..., K] -> [..., K]`` in ``dtype``."""
         _common.check_kernel_dtype(self.dtype)
-        _selection.check_kernel_name(self.kernel)
+        selection.check_kernel_name(self.kernel)
         k, n = x.shape[-1], self.intermediate_size
 
         def init_gate_up(key):

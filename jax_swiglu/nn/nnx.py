@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .. import _api, _layout, _selection
+from .. import _api, _layout, selection
 from . import _common
 
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
@@ -146,7 +146,7 @@ class FusedSwiGLUMLP(nnx.Module):
                  kernel_init: Initializer = default_kernel_init,
                  rngs: nnx.Rngs | None = None, params: Mapping | None = None):
         _common.check_kernel_dtype(dtype)
-        _selection.check_kernel_name(kernel)
+        selection.check_kernel_name(kernel)
         k, n = hidden_size, intermediate_size
         _layout.check_alignment(k, n)
 

@@ -18,15 +18,13 @@ import numpy as np
 import pytest
 
 import jax_swiglu
-from jax_swiglu import QWEN25_MLPS, pack_weights, swiglu
+from jax_swiglu import QWEN25_MLPS, pack_weights, selection, swiglu
+from jax_swiglu.selection import _model
 
-from conftest import gpu_skip_reason, random_weights, random_x
+from helpers import random_weights, random_x
 
-
-_SKIP = gpu_skip_reason()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_SKIP is not None, reason=f"GPU test: {_SKIP}")]
-
-FUSED_KERNELS = [k for k in jax_swiglu.KERNELS if k != "xla"]
+# The fused families this build compiled (the pingpong kernel is an optional config).
+FUSED_KERNELS = [k for k in jax_swiglu.KERNELS if k in jax_swiglu.kernel_configs()]
 M_VALUES = [1, 7, 64, 128, 1000, 2048, 8192]
 
 
@@ -108,8 +106,8 @@ def _any_m_configs(kernel):
     (kernel, config) for kernel in FUSED_KERNELS for config in _any_m_configs(kernel)])
 @pytest.mark.parametrize("m", [5, 300, 2048])
 def test_every_compiled_config(kernel, config, m, key, monkeypatch):
-    """Configs the table does not pick for the Qwen grid above are checked too."""
-    monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(config))
+    """Every compiled config, whether or not the selection picks it for the grid above."""
+    monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(config))
     jax.clear_caches()  # the variable is read at lowering
     try:
         check_kernel(kernel, m, 1536, 8960, key)
@@ -125,7 +123,7 @@ def test_edge_tiles(config, m, key, monkeypatch):
     256-row one; 1920 makes 15 rows of 128-row tiles, which 2x1 clusters pad with a tile wholly
     outside; 200 is below one 256-row tile and 2x1 clusters pad it too. N = 11008 makes 115
     tiles of 192 packed columns, an odd count that 1x2 clusters pad."""
-    monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(config))
+    monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(config))
     jax.clear_caches()  # the variable is read at lowering
     try:
         check_kernel("interleaved", m, 512, 11008, key)
@@ -146,7 +144,7 @@ def _assert_bitwise_twins(config, twin, m, k, n, key, monkeypatch):
     """Configs `config` and `twin`, each forced, pass check_kernel with bitwise equal outputs."""
     outputs = []
     for forced in (config, twin):
-        monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(forced))
+        monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(forced))
         jax.clear_caches()  # the variable is read at lowering
         outputs.append(np.asarray(check_kernel("interleaved", m, k, n, key)).view(np.uint16))
     np.testing.assert_array_equal(outputs[0], outputs[1])
@@ -169,7 +167,7 @@ def test_split_tail(config, twin, m, k, n, halves, key, monkeypatch, request):
     expected = {(2, 1): halves[0], (1, 2): halves[1]}.get(
         (configs[config].cluster_m, configs[config].cluster_n))
     if sms == 132 and expected is not None:  # the counts above are an H200's
-        assert jax_swiglu._selection.split_tail_clusters(config, m, n, sms) == expected
+        assert _model.split_tail_clusters(configs[config], _model.Problem(m, n, k), sms) == expected
     request.addfinalizer(jax.clear_caches)
     _assert_bitwise_twins(config, twin, m, k, n, key, monkeypatch)
 
@@ -184,7 +182,7 @@ def test_m_bands(config, twin, k, n, key, monkeypatch, request):
     request.addfinalizer(jax.clear_caches)
     for m in (multiple, 2 * multiple):
         _assert_bitwise_twins(config, twin, m, k, n, key, monkeypatch)
-    monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(config))
+    monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(config))
     jax.clear_caches()
     with pytest.raises(ValueError, match="bands"):
         check_kernel("interleaved", multiple + 128, k, n, key)
@@ -203,9 +201,9 @@ def test_silu_over_the_whole_float_range(kernel, config, monkeypatch, request):
     and MUFU's on odd ones, or MUFU's on all in the interleaved kernel's pingpong configs)
     against the reference's, for gates from -inf to inf: x = e_0 makes every row's gate and up
     the first weight row. Each special value sits on both parities. With `config`, that
-    interleaved config is forced (else the selection table's)."""
+    interleaved config is forced (else the selection's)."""
     if config is not None:
-        monkeypatch.setenv(jax_swiglu._selection.CONFIG_ENV_VAR, str(config))
+        monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(config))
     jax.clear_caches()  # the variable is read at lowering
     request.addfinalizer(jax.clear_caches)
     m, k, n = 128, 64, 1024
@@ -246,13 +244,14 @@ def test_output_is_written_in_place(kernel, key):
 
 def test_bad_calls_come_back_as_python_errors():
     """A malformed call reaching the handler is an error value, not a crash."""
-    target = jax_swiglu._selection.choose(8, 64, 64, jnp.bfloat16, kernel="interleaved").target
+    target = selection.choose(8, 64, 64, jnp.bfloat16, kernel="interleaved").target
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((8, 64), jnp.bfloat16))
     x = jnp.ones((8, 64), jnp.bfloat16)
     packed = jnp.ones((64, 128), jnp.bfloat16)
 
-    def run(w, config=0, swizzle=1, raster=0):
-        attrs = dict(config=np.int64(config), swizzle=np.int64(swizzle), raster=np.int64(raster))
+    def run(w, config=0, swizzle=1, raster=0, splits=1):
+        attrs = dict(config=np.int64(config), swizzle=np.int64(swizzle), raster=np.int64(raster),
+                     splits=np.int64(splits))
         return jax.block_until_ready(jax.jit(lambda x, w: call(x, w, **attrs))(x, w))
 
     run(packed)  # well-formed: runs
@@ -262,6 +261,10 @@ def test_bad_calls_come_back_as_python_errors():
         run(packed, config=99)
     with pytest.raises(Exception, match="swizzle must be"):
         run(packed, swizzle=3)
+    with pytest.raises(Exception, match="splits must be in"):
+        run(packed, splits=0)
+    with pytest.raises(Exception, match="has no split-K"):
+        run(packed, config=0, splits=2)
 
 
 def test_stream_k_workspace_is_checked():
@@ -273,10 +276,11 @@ def test_stream_k_workspace_is_checked():
     needed = jax_swiglu._native.workspace_bytes(
         "interleaved", "bfloat16", stream_k[0], m=m, n=n, n_packed=n, k=k, swizzle=1, raster=0)
     assert needed > 0
-    target = jax_swiglu._selection.choose(m, n, k, jnp.bfloat16, kernel="interleaved").target
+    target = selection.choose(m, n, k, jnp.bfloat16, kernel="interleaved").target
     x = jnp.ones((m, k), jnp.bfloat16)
     packed = jnp.ones((k, 2 * n), jnp.bfloat16)
-    attrs = dict(config=np.int64(stream_k[0]), swizzle=np.int64(1), raster=np.int64(0))
+    attrs = dict(config=np.int64(stream_k[0]), swizzle=np.int64(1), raster=np.int64(0),
+                 splits=np.int64(1))
     out = jax.ShapeDtypeStruct((m, n), jnp.bfloat16)
     for results in ([out], [out, jax.ShapeDtypeStruct((needed // 2,), jnp.uint8)]):
         call = jax.ffi.ffi_call(target, results)
@@ -286,3 +290,60 @@ def test_stream_k_workspace_is_checked():
     y, _ = jax.jit(lambda x, w: call(x, w, **attrs))(x, packed)
     # x and the weights all ones: every gate and up value is k, so y = SiLU(k) * k = k^2.
     np.testing.assert_allclose(np.asarray(y, np.float32), np.float32(k) ** 2, rtol=1e-2)
+
+
+# --- the decode (swap-AB) configs ------------------------------------------------------------
+
+def _swap_ab_configs():
+    return [c.id for c in jax_swiglu.kernel_configs().get("interleaved", {}).values()
+            if c.m_side == "weights"]
+
+
+def _forced(monkeypatch, config, splits=1):
+    monkeypatch.setenv(selection.CONFIG_ENV_VAR, f"{config},splits={splits}")
+    jax.clear_caches()  # the variable is read at lowering
+
+
+DECODE_M = [1, 2, 3, 7, 15, 17, 33, 63, 65, 200]
+
+
+@pytest.mark.parametrize("config", _swap_ab_configs())
+@pytest.mark.parametrize("splits", [1, 2, 4])
+@pytest.mark.parametrize("m", DECODE_M)
+def test_swap_ab_configs(config, splits, m, key, monkeypatch, request):
+    """Weights on the wgmma M side, gate and up paired through shared memory, the K
+    reduction split across CTAs (stream-K, or split-K 2 and 4) and summed in fixed order:
+    every element written and within the criterion, on a shape whose packed columns make a
+    ragged last wave (K = 2560, N = 9728: 152 tiles of 128 packed columns)."""
+    request.addfinalizer(jax.clear_caches)
+    _forced(monkeypatch, config, splits)
+    check_kernel("interleaved", m, 2560, 9728, key)
+
+
+@pytest.mark.parametrize("config", _swap_ab_configs())
+@pytest.mark.parametrize("m, k, n", [(1, 64, 8), (5, 136, 200), (40, 4104, 1000), (64, 8192, 96)])
+def test_swap_ab_odd_shapes(config, m, k, n, key, monkeypatch, request):
+    """N below one tile and not a multiple of the gate/up block, K not a multiple of the
+    k-tile, more K-tiles than tiles (every tile split)."""
+    request.addfinalizer(jax.clear_caches)
+    _forced(monkeypatch, config)
+    check_kernel("interleaved", m, k, n, key)
+
+
+@pytest.mark.parametrize("config", _swap_ab_configs())
+@pytest.mark.parametrize("splits", [1, 4])
+def test_swap_ab_bitwise_deterministic(config, splits, key, monkeypatch, request):
+    """The split reduction adds partial sums in a fixed order: 100 calls give the same bits,
+    and so does a recompiled program."""
+    request.addfinalizer(jax.clear_caches)
+    m, k, n = 33, 4096, 11008
+    x, _, _, packed_data = _inputs(key, m, k, n, jnp.dtype(jnp.bfloat16))
+    packed = jax_swiglu.PackedWeights(packed_data, n)
+    _forced(monkeypatch, config, splits)
+    call = jax.jit(lambda x, p: swiglu(x, p))
+    first = np.asarray(call(x, packed)).view(np.uint16)
+    for _ in range(100):
+        np.testing.assert_array_equal(np.asarray(call(x, packed)).view(np.uint16), first)
+    jax.clear_caches()
+    again = jax.jit(lambda x, p: swiglu(x, p))
+    np.testing.assert_array_equal(np.asarray(again(x, packed)).view(np.uint16), first)

@@ -8,10 +8,10 @@
 * 10,000 back-to-back calls with device memory flat,
 * 64-bit indexing: outputs, and inputs, of more than 2^31 elements.
 
-Complements tests/test_gpu.py (accuracy on the Qwen grid, every config) and
+Complements tests/gpu/test_kernels.py (accuracy on the Qwen grid, every config) and
 scripts/sanitize.sh (compute-sanitizer). Set JAX_SWIGLU_GPU_REPORT=path.jsonl to record every
 case's numbers: rows name their ``test`` and carry ``mismatches`` (elements off, or bits
-differing) and ``rel_fro`` like tests/test_gpu.py's rows.
+differing) and ``rel_fro`` like tests/gpu/test_kernels.py's rows.
 """
 
 import functools
@@ -29,13 +29,11 @@ import pytest
 
 import jax_swiglu
 from jax_swiglu import QWEN25_MLPS, PackedWeights, swiglu
-from jax_swiglu._selection import CONFIG_ENV_VAR
+from jax_swiglu.selection import CONFIG_ENV_VAR
 
-from conftest import gpu_skip_reason, random_weights, random_x
-from test_gpu import FUSED_KERNELS, _errors, _fused, _inputs, _record
+from helpers import random_weights, random_x
+from test_kernels import FUSED_KERNELS, _errors, _fused, _inputs, _record
 
-_SKIP = gpu_skip_reason()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_SKIP is not None, reason=f"GPU test: {_SKIP}")]
 
 BF16 = jnp.dtype(jnp.bfloat16)
 
@@ -64,7 +62,7 @@ DETERMINISM_CASES = [
 ] + [
     (kernel, "qwen2.5-1.5b", 300, config.id)
     for kernel in FUSED_KERNELS for config in jax_swiglu.kernel_configs().get(kernel, {}).values()
-    if 300 % config.m_multiple == 0  # configs running M in bands: test_gpu.py's test_m_bands
+    if 300 % config.m_multiple == 0  # configs running M in bands: test_kernels.py's test_m_bands
 ]
 
 
@@ -284,7 +282,7 @@ def _scaled_inputs(key, x_scale, w_scale, m, k, n, dtype):
 
 @jax.jit
 def _scaled_errors(y, x, w_gate, w_up):
-    """tests/test_gpu.py's criterion with the absolute slack scaled to the reference.
+    """tests/gpu/test_kernels.py's criterion with the absolute slack scaled to the reference.
 
     There, |y - r| <= 0.01 |r| + 1e-3 with outputs of order 1. With x and weights scaled
     by 1e-3 the products are of order 1e-6 and a fixed 1e-3 would accept anything, all

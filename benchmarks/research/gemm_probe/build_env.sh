@@ -19,7 +19,7 @@ CUBLAS_LIBRARY=$(find_first 'libcublas.so*')
 FLAGS=(-std=c++17 -O3 -DNDEBUG -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
        -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr
        -Xcudafe=--diag_suppress=esa_on_defaulted_function_ignored
-       -I ffi -I benchmarks/gemm_probe -isystem "$CUTLASS_INCLUDE" -I "$(dirname "$CUBLAS_HEADER")")
+       -I ffi -I benchmarks/research/gemm_probe -isystem "$CUTLASS_INCLUDE" -I "$(dirname "$CUBLAS_HEADER")")
 # Links the objects in $1 (a build folder) into $1/$2 against that cuBLAS.
 link_probe() {
   nvcc -gencode=arch=compute_90a,code=sm_90a "$1"/*.o -o "$1/$2" \

@@ -57,9 +57,10 @@ struct ProbeConfig {
   Orientation orientation;
 };
 #define GEMM_PROBE_CANDIDATE(id, orientation, schedule, tm, tn, tk, cm, cn)                  \
-  ProbeConfig{{id, jax_swiglu::Schedule::schedule, tm, tn, tk, cm, cn,                      \
-               jax_swiglu::TileScheduler::Persistent,                                       \
-               jax_swiglu::OutputStore::TmaStore /* unused: CUTLASS's own epilogue */},     \
+  ProbeConfig{{id, jax_swiglu::Schedule::schedule, jax_swiglu::MmaMSide::Tokens, tm, tn, tk, \
+               cm, cn, jax_swiglu::TileScheduler::Persistent,                               \
+               jax_swiglu::OutputStore::TmaStore /* unused: CUTLASS's own epilogue */, 1,   \
+               jax_swiglu::Build::Optional},                                                \
               Orientation::orientation},
 inline constexpr ProbeConfig kCandidates[] = {
     GEMM_PROBE_CANDIDATE(100, kNormal, Pingpong, 128, 192, 64, 2, 1)

@@ -5,7 +5,7 @@
 # then short bursts; see probe.cu) writes $OUT/gemm_probe-idle<ms>.json, .md
 # and -clocks.csv (nvidia-smi's SM clock and power draw through the run).
 # PLAIN_IDS and FUSED_IDS (default "0 1") name the interleaved configs to time.
-#   OUT=dir IDLE_MS="0 30" bash benchmarks/gemm_probe/run.sh 2048 8192
+#   OUT=dir IDLE_MS="0 30" bash benchmarks/research/gemm_probe/run.sh 2048 8192
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gemm_probe_out}
@@ -13,8 +13,8 @@ BUILD=${BUILD:-$(mktemp -d)}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT" "$BUILD"
 
-# shellcheck source=benchmarks/gemm_probe/build_env.sh
-. benchmarks/gemm_probe/build_env.sh
+# shellcheck source=benchmarks/research/gemm_probe/build_env.sh
+. benchmarks/research/gemm_probe/build_env.sh
 echo "CUTLASS: $CUTLASS_INCLUDE; cuBLAS: $CUBLAS_HEADER, $CUBLAS_LIBRARY"
 # The interleaved configs (ffi/kernel_configs.h) to time as plain GEMMs and as fused kernels.
 PLAIN_IDS=${PLAIN_IDS:-0 1}
@@ -29,7 +29,7 @@ for id in $FUSED_IDS; do
   printf '#include "kernels/interleaved_kernel.cuh"\ntemplate std::string jax_swiglu::LaunchInterleaved<%d, jax_swiglu::BF16>(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&, cudaStream_t);\n' "$id" > "$BUILD/fused$id.cu"
   units+=("fused$id")
 done
-cp benchmarks/gemm_probe/probe.cu "$BUILD/probe.cu"
+cp benchmarks/research/gemm_probe/probe.cu "$BUILD/probe.cu"
 printf '#define GEMM_PROBE_PLAIN_IDS %s\n#define GEMM_PROBE_FUSED_IDS %s\n' \
   "$(echo $PLAIN_IDS | tr ' ' ,)" "$(echo $FUSED_IDS | tr ' ' ,)" > "$BUILD/probe_ids.h"
 units+=(probe)

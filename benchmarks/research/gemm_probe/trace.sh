@@ -11,7 +11,7 @@
 # $OUT/trace-steps.csv.gz (per k-tile times of sampled tiles), $OUT/trace.md + trace.json
 # (per row and variant: per-tile times in cycles); with SASS=1 also the kernels' machine
 # code ($OUT/trace-sass.txt.gz).
-#   OUT=dir TRACED="6 6:other-store 6:skip" bash benchmarks/gemm_probe/trace.sh qwen2.5-0.5b:2048
+#   OUT=dir TRACED="6 6:other-store 6:skip" bash benchmarks/research/gemm_probe/trace.sh qwen2.5-0.5b:2048
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/trace_out}
@@ -19,8 +19,8 @@ BUILD=${BUILD:-$(mktemp -d)}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT" "$BUILD"
 
-# shellcheck source=benchmarks/gemm_probe/build_env.sh
-. benchmarks/gemm_probe/build_env.sh
+# shellcheck source=benchmarks/research/gemm_probe/build_env.sh
+. benchmarks/research/gemm_probe/build_env.sh
 TRACED=${TRACED:-6 6:skip}
 units=() pairs=() matches=()
 for variant in $TRACED; do
@@ -44,7 +44,7 @@ for variant in $TRACED; do
   pairs+=("{$config, $kind}")
   matches+=("GEMM_PROBE_MATCH($config, $kind)")
 done
-cp benchmarks/gemm_probe/trace.cu "$BUILD/trace.cu"
+cp benchmarks/research/gemm_probe/trace.cu "$BUILD/trace.cu"
 {
   echo "#define GEMM_PROBE_TRACED $(IFS=,; echo "${pairs[*]}")"
   echo "#define GEMM_PROBE_TRACED_MATCHES ${matches[*]}"
@@ -61,6 +61,6 @@ if [ "${SASS:-0}" = 1 ]; then  # the traced kernels' machine code, for reading t
   cuobjdump -sass "$BUILD/trace" | gzip > "$OUT/trace-sass.txt.gz"
 fi
 "$BUILD/trace" "$OUT/trace.csv" "$OUT/trace-steps.csv" "$@"
-"$PY" benchmarks/gemm_probe/trace_report.py "$OUT/trace.csv" "$OUT/trace-steps.csv" \
+"$PY" benchmarks/research/gemm_probe/trace_report.py "$OUT/trace.csv" "$OUT/trace-steps.csv" \
   --json "$OUT/trace.json" | tee "$OUT/trace.md"
 gzip -f "$OUT/trace.csv" "$OUT/trace-steps.csv"

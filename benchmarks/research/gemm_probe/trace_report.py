@@ -23,7 +23,7 @@ store exit, store_tail exit):
 Columns are medians over all tiles but each warpgroup's first (start-up), with the
 period's spread (p10-p90).
 
-    python benchmarks/gemm_probe/trace_report.py trace.csv[.gz] [trace-steps.csv[.gz]] [--json F]
+    python benchmarks/research/gemm_probe/trace_report.py trace.csv[.gz] [trace-steps.csv[.gz]] [--json F]
 """
 from __future__ import annotations
 

@@ -21,12 +21,13 @@ std::string LaunchTraced(const jax_swiglu::SwigluProblem& p, const jax_swiglu::D
   }
   using Traced = TracedInterleaved<ConfigId, kVariant>;
   using Kernel = typename Traced::Kernel;
-  using Element = typename Traced::Assembly::Element;
-  constexpr jax_swiglu::KernelConfig config = Traced::Assembly::kConfig;
-  // As InterleavedArguments: A = x [M, K], B = packed [K, 2N], strides (rows, K, batch).
+  using Element = typename Traced::Element;
+  constexpr jax_swiglu::KernelConfig config = Traced::kConfig;
+  // As the product's TokensOnMAssembly: A = x [M, K], B = packed [K, 2N].
   typename Kernel::StrideA stride_a = cute::make_stride(p.k, cute::_1{}, int64_t(0));
   typename Kernel::StrideB stride_b = cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
   auto args = jax_swiglu::GemmArguments<Kernel>(
+      {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed), static_cast<int>(p.k), 1},
       {static_cast<Element const*>(p.x), stride_a, static_cast<Element const*>(p.packed),
        stride_b},
       p, facts);

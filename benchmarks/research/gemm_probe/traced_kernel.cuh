@@ -1,5 +1,5 @@
 // A per-tile timeline of the interleaved kernel, for finding where a pingpong tile's time
-// goes (benchmarks/gemm_probe/trace.cu runs it). The kernel is the interleaved config as
+// goes (benchmarks/research/gemm_probe/trace.cu runs it). The kernel is the interleaved config as
 // built in ffi/kernels/interleaved_kernel.cuh, with its mainloop and epilogue wrapped:
 // each wrapper calls the wrapped member unchanged and records the SM's clock around it,
 // from one thread per role (each math warpgroup's first thread, the producer's lane 0),
@@ -286,18 +286,29 @@ struct TracedEpilogue : Base {
 
 template <int ConfigId, TraceVariant kVariant>
 struct TracedInterleaved {
-  static constexpr jax_swiglu::OutputStore kBuilt = jax_swiglu::kInterleavedConfigs[ConfigId].store;
+  // The product's parts for the config (tokens on the wgmma M side), recombined here with the
+  // other output path where the variant asks for it.
+  using Product = jax_swiglu::TokensOnMAssembly<ConfigId, jax_swiglu::BF16>;
+  static constexpr jax_swiglu::KernelConfig kConfig = Product::kConfig;
+  using Element = typename Product::Element;
   static constexpr jax_swiglu::OutputStore kStore =
-      kVariant != TraceVariant::OtherStore ? kBuilt
-      : kBuilt == jax_swiglu::OutputStore::TmaStore ? jax_swiglu::OutputStore::DirectStore
-                                                    : jax_swiglu::OutputStore::TmaStore;
-  using Assembly = jax_swiglu::InterleavedKernel<ConfigId, jax_swiglu::BF16, kStore>;
+      kVariant != TraceVariant::OtherStore ? kConfig.store
+      : kConfig.store == jax_swiglu::OutputStore::TmaStore ? jax_swiglu::OutputStore::DirectStore
+                                                           : jax_swiglu::OutputStore::TmaStore;
+  using Epilogue = jax_swiglu::SwiGluEpilogue<
+      Element, typename Product::TileShape,
+      jax_swiglu::InterleavedPairs<kConfig.schedule == jax_swiglu::Schedule::Cooperative>, kStore>;
+  using Built = jax_swiglu::BuiltMainloop<ConfigId, Element, typename Product::TileShape,
+                                          cutlass::layout::RowMajor, cutlass::layout::RowMajor,
+                                          Epilogue>;
+  using Mainloop = cute::conditional_t<Epilogue::kShiftedRows,
+                                       jax_swiglu::EdgeTileMainloop<Built>, Built>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<
       cute::Shape<int, int, int, int>,
-      TracedMainloop<typename Assembly::Mainloop, KLoopOf(kVariant).in_flight,
-                     KLoopOf(kVariant).exit_in_flight, KLoopOf(kVariant).spin>,
-      TracedEpilogue<typename Assembly::Epilogue, kVariant == TraceVariant::Skip>,
-      typename jax_swiglu::TileSchedulerFor<Assembly::kConfig.scheduler>::type>;
+      TracedMainloop<Mainloop, KLoopOf(kVariant).in_flight, KLoopOf(kVariant).exit_in_flight,
+                     KLoopOf(kVariant).spin>,
+      TracedEpilogue<Epilogue, kVariant == TraceVariant::Skip>,
+      typename jax_swiglu::TileSchedulerFor<kConfig.scheduler, kConfig.m_bands>::type>;
 };
 
 // Launches the traced kernel, recording into `trace` (kTraceRoles * kTraceMaxTiles *

@@ -1,0 +1,194 @@
+// SwiGLU epilogue of the swap-AB (weights on the wgmma M side) interleaved kernel.
+//
+// At decode a call has a handful of tokens, so the interleaved GEMM runs transposed: the
+// packed gate/up columns are the wgmma M side (64 rows per warpgroup) and the tokens its N
+// side (8..64), and every tensor-core row does useful work while the weights stream. The
+// accumulator tile is then [packed columns, tokens]: a warpgroup's 64 rows are one gate/up
+// pair of 32-column runs, gate rows in warps 0-1 and their up rows in warps 2-3, so no thread
+// holds both halves of a pair. The epilogue therefore meets them in shared memory: every
+// thread writes its fp32 accumulators there, and after a barrier each thread reads the gate
+// and up values of 8 consecutive output columns of one token, computes SiLU(g) * u in fp32,
+// rounds once and writes 16 bytes to the [M, N] output. At these sizes the epilogue is a
+// small share of a tile that streams K * tile_n weights, so its shared-memory round trip
+// costs little.
+//
+// It implements the epilogue interface of CUTLASS's SM90 cooperative GemmUniversal kernel,
+// which calls it only for the work unit that completes a tile (after the stream-K fixup has
+// summed the partial accumulators).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "../kernel_configs.h"
+#include "swiglu_epilogue.cuh"
+
+namespace jax_swiglu {
+
+template <class ElementD_, class CtaTileShape_>
+class SwapAbSwiGluEpilogue {
+ public:
+  using ElementD = ElementD_;
+  using ElementC = void;  // no source tensor
+  using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
+  using StrideD = cute::Stride<int64_t, cute::_1, int64_t>;
+
+  // The CUTLASS tile is (packed columns, tokens, k).
+  static constexpr int kTilePacked = cute::size<0>(CtaTileShape_{});
+  static constexpr int kTileTokens = cute::size<1>(CtaTileShape_{});
+  static constexpr int kTileN = kTilePacked / 2;  // output columns per tile
+  static_assert(kTilePacked % (2 * kGateUpBlock) == 0, "a tile holds whole gate/up pairs");
+  static_assert(kGateUpBlock == 32 && sizeof(ElementD) == 2, "4 pairs of 2 bytes per store");
+  // One token's accumulators per shared-memory row, packed column fastest. The 4 floats of
+  // padding shift the next row by 4 banks, so a warp's writes (8 packed columns x 4 token
+  // pairs) land in 32 different banks.
+  static constexpr int kRowFloats = kTilePacked + 4;
+  static_assert((2 * kRowFloats) % 32 == 8, "conflict-free accumulator writes");
+
+  using LoadPipeline = cutlass::PipelineTransactionAsync<0>;
+  using LoadPipelineState = cutlass::PipelineState<0>;
+  using StorePipeline = cutlass::PipelineTmaStore<0>;
+  using StorePipelineState = cutlass::PipelineState<0>;
+  static constexpr bool RequiresTransactionBytes = false;
+
+  struct TensorStorage {
+    alignas(16) float accumulators[kTileTokens * kRowFloats];
+  };
+  using PipelineStorage = typename LoadPipeline::SharedStorage;
+  // Shared memory the mainloop's stage count must leave free.
+  static constexpr int kSharedBytes =
+      static_cast<int>(sizeof(TensorStorage) + sizeof(PipelineStorage));
+
+  struct Arguments {
+    ElementD* ptr_d;  // [M, n] row-major
+    int n;            // output columns
+  };
+  struct Params {
+    ElementD* ptr_d;
+    int n;
+  };
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return {args.ptr_d, args.n};
+  }
+
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*,
+                                              cudaStream_t, cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
+    const int packed_n = cute::get<0>(problem_shape);
+    constexpr int kAlign = 16 / sizeof(ElementD);
+    return args.n > 0 && args.n % kAlign == 0 && 2 * args.n <= packed_n &&
+           reinterpret_cast<uintptr_t>(args.ptr_d) % 16 == 0;
+  }
+
+  template <class CtaTileMNK>
+  CUTLASS_HOST_DEVICE static constexpr int get_load_pipe_increment(CtaTileMNK) {
+    return 1;
+  }
+  template <class CtaTileMNK>
+  CUTLASS_HOST_DEVICE static constexpr int get_store_pipe_increment(CtaTileMNK) {
+    return 1;
+  }
+
+  CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const&) {}
+
+  CUTLASS_HOST_DEVICE SwapAbSwiGluEpilogue(Params const& params, TensorStorage& /*shared*/)
+      : params_(params) {}
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+
+  template <class... Ts>
+  CUTLASS_DEVICE LoadPipelineState load(LoadPipeline, LoadPipelineState state, Ts&&...) {
+    return state;
+  }
+  CUTLASS_DEVICE LoadPipelineState load_tail(LoadPipeline, LoadPipelineState state) {
+    return state;
+  }
+
+  template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine,
+            class AccLayout, class TiledMma>
+  CUTLASS_DEVICE auto store(LoadPipeline, LoadPipelineState load_state, StorePipeline,
+                            StorePipelineState store_state, ProblemShapeMNKL problem_shape_mnkl,
+                            TileShapeMNK, TileCoordMNKL tile_coord_mnkl,
+                            cute::Tensor<AccEngine, AccLayout> accumulators, TiledMma tiled_mma,
+                            int thread_idx, TensorStorage& shared_tensors,
+                            int /*subtile*/ = -1) {
+    using namespace cute;
+    static_assert(is_same_v<typename AccEngine::value_type, float>, "fp32 accumulators");
+    constexpr int kThreads = size(TiledMma{});
+    auto sync_epilogue_threads = [] {
+      cutlass::arch::NamedBarrier::sync(kThreads,
+                                        cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+    };
+
+    // The previous tile's readers are done with shared memory before it is overwritten.
+    sync_epilogue_threads();
+    float* const smem = shared_tensors.accumulators;
+    Tensor sAcc = make_tensor(make_smem_ptr(smem),
+                              make_layout(make_shape(Int<kTilePacked>{}, Int<kTileTokens>{}),
+                                          make_stride(_1{}, Int<kRowFloats>{})));
+    Tensor tCsAcc = tiled_mma.get_slice(thread_idx).partition_C(sAcc);
+    static_assert(decltype(size(tCsAcc))::value == decltype(size(accumulators))::value);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accumulators); ++i) tCsAcc(i) = accumulators(i);
+    sync_epilogue_threads();
+
+    // Each group is 8 consecutive output columns of one token: columns 8q .. 8q + 7 of a
+    // 32-column run, which the packed layout's quad transpose keeps at packed positions
+    // 8j + 2q + e (j = 0..3, e = 0..1) of the run's gate block, and 32 further on for up.
+    auto [packed_tile, token_tile, k_coord, l_coord] = tile_coord_mnkl;
+    const int tokens = static_cast<int>(get<1>(problem_shape_mnkl));
+    const int token0 = static_cast<int>(token_tile) * kTileTokens;
+    const int col0 = static_cast<int>(packed_tile) * kTileN;
+    constexpr int kGroupsPerToken = kTileN / 8;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int group = thread_idx; group < kTileTokens * kGroupsPerToken; group += kThreads) {
+      const int token = group / kGroupsPerToken;
+      const int column = (group % kGroupsPerToken) * 8;
+      if (token0 + token >= tokens || col0 + column >= params_.n) continue;
+      const float* gate = smem + token * kRowFloats + (column / kGateUpBlock) * 2 * kGateUpBlock +
+                          2 * ((column % kGateUpBlock) / 8);
+      const float* up = gate + kGateUpBlock;
+      uint32_t words[4];
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const float2 g = *reinterpret_cast<const float2*>(gate + 8 * j);
+        const float2 u = *reinterpret_cast<const float2*>(up + 8 * j);
+        cutlass::Array<float, 2> value;
+        value[0] = Silu<false>(g.x) * u.x;
+        value[1] = Silu<false>(g.y) * u.y;
+        cutlass::NumericArrayConverter<ElementD, float, 2,
+                                       cutlass::FloatRoundStyle::round_to_nearest> convert;
+        cutlass::Array<ElementD, 2> rounded = convert(value);
+        words[j] = reinterpret_cast<uint32_t const&>(rounded);
+      }
+      *reinterpret_cast<uint4*>(params_.ptr_d + int64_t(token0 + token) * params_.n + col0 +
+                                column) = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+    return make_tuple(load_state, store_state);
+  }
+
+  CUTLASS_DEVICE auto store_tail(LoadPipeline, LoadPipelineState load_state, StorePipeline,
+                                 StorePipelineState store_state) {
+    return cute::make_tuple(load_state, store_state);
+  }
+
+ private:
+  Params const& params_;
+};
+
+}  // namespace jax_swiglu

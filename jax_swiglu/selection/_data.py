@@ -1,0 +1,239 @@
+"""Tuning data: measured launch times, and what they say about shapes nobody measured.
+
+A tuning data file (``jax_swiglu/data/<device kind>.json``, shipped in the wheel; written by
+``benchmarks/tuning_data.py`` from calibration runs) holds, for one device fingerprint, the
+GPU time of every candidate launch at each measured (dtype, M, N, K), each entry pointing at
+the calibration that measured it (commit, GPU, driver, CUDA, jax, CUTLASS, date, command).
+
+Two ways to use it:
+  * an exact entry: the problem was measured; the fastest candidate there wins;
+  * a learned rule for anything else: the cost model (_model.py) predicts every candidate's
+    time from tiles, waves and bytes, and the measurements correct it. For each candidate the
+    log of measured / predicted time at the measured problems nearest in (log M, log N,
+    log K) is averaged, weighted by distance, and applied to the prediction at the new
+    problem. The model carries what changes abruptly between shapes (rounds of tiles on the
+    SMs, padding), the correction what changes smoothly (how efficient a config is there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+
+from . import _model
+
+FORMAT = "jax_swiglu-tuning/1"
+# How far (in log units per dimension) a measurement informs a prediction, and how many of
+# the nearest are averaged.
+_LOG_SCALE = {"m": math.log(2.0), "n": math.log(1.6), "k": math.log(1.6)}
+_NEIGHBOURS = 8
+_MAX_DISTANCE = 3.0  # beyond it a candidate has no measurement close enough to correct it
+
+
+def launch_id(config_key: str, splits: int = 1) -> str:
+    """How tuning data names a launch: the config's key, and a split-K factor beyond 1."""
+    return config_key if splits == 1 else f"{config_key}|splits={splits}"
+
+
+def parse_launch_id(launch: str) -> tuple[str, int]:
+    key, _, splits = launch.partition("|splits=")
+    return key, int(splits) if splits else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    dtype: str
+    m: int
+    n: int
+    k: int
+    launch_us: dict  # launch id -> GPU time (us)
+    calibration: str
+    xla_us: float | None = None  # the XLA path, timed through JAX
+    cupti_us: dict | None = None  # launch id -> the same launch timed through JAX
+
+    @property
+    def problem(self) -> _model.Problem:
+        return _model.Problem(self.m, self.n, self.k)
+
+
+class TuningData:
+    """One device's measurements (see the module docstring)."""
+
+    def __init__(self, document: dict, *, source: str = "<memory>"):
+        if document.get("format") != FORMAT:
+            raise ValueError(f"{source}: not a jax_swiglu tuning data file (format "
+                             f"{document.get('format')!r}, expected {FORMAT!r})")
+        self.source = source
+        self.device = document["device"]
+        self.calibrations = document.get("calibrations", {})
+        self.configs = document.get("configs", {})
+        self.entries = [Entry(**entry) for entry in document.get("entries", [])]
+        self._exact = {(e.dtype, e.m, e.n, e.k): e for e in self.entries}
+
+    @classmethod
+    def load(cls, path: str) -> "TuningData":
+        with open(path) as f:
+            return cls(json.load(f), source=path)
+
+    def exact(self, dtype: str, m: int, n: int, k: int) -> Entry | None:
+        return self._exact.get((dtype, m, n, k))
+
+    @functools.cached_property
+    def _by_launch(self) -> dict:
+        """launch id -> [(dtype, log m, log n, log k, log(measured / model))], for the
+        correction; the model is evaluated with this data's own device."""
+        sm_count, bandwidth = self.device["sm_count"], self.device["dram_bytes_per_s"]
+        table: dict = {}
+        for entry in self.entries:
+            for launch, us in entry.launch_us.items():
+                key, splits = parse_launch_id(launch)
+                config = self.config(key)
+                if config is None or not us or us <= 0:
+                    continue
+                predicted = _model.launch_us(config, splits, entry.problem, sm_count, bandwidth)
+                table.setdefault(launch, []).append(
+                    (entry.dtype, math.log(entry.m), math.log(entry.n), math.log(entry.k),
+                     math.log(us / predicted)))
+        return table
+
+    def config(self, key: str):
+        """The config a key names, as a lightweight record (fields of ffi/kernel_configs.h)."""
+        fields = self.configs.get(key)
+        if fields is None:
+            return None
+        known = {f.name for f in dataclasses.fields(_ConfigRecord)}
+        return _ConfigRecord(**{name: value for name, value in fields.items() if name in known})
+
+    def correction(self, launch: str, dtype: str, m: int, n: int, k: int) -> float | None:
+        """exp(weighted mean log(measured / model)) of ``launch`` near (m, n, k), or None when
+        no measurement of it is close enough."""
+        points = self._by_launch.get(launch)
+        if not points:
+            return None
+        here = (math.log(m), math.log(n), math.log(k))
+        scored = []
+        for point_dtype, lm, ln, lk, residual in points:
+            if point_dtype != dtype:
+                continue
+            distance = math.sqrt(((lm - here[0]) / _LOG_SCALE["m"]) ** 2
+                                 + ((ln - here[1]) / _LOG_SCALE["n"]) ** 2
+                                 + ((lk - here[2]) / _LOG_SCALE["k"]) ** 2)
+            scored.append((distance, residual))
+        scored.sort()
+        scored = [(d, r) for d, r in scored[:_NEIGHBOURS] if d <= _MAX_DISTANCE]
+        if not scored:
+            return None
+        weights = [math.exp(-0.5 * d * d) for d, _ in scored]
+        return math.exp(sum(w * r for w, (_, r) in zip(weights, scored)) / sum(weights))
+
+    def competitive(self, dtype: str, m: int, n: int, k: int, margin: float = 1.15) -> set | None:
+        """Launch ids within ``margin`` of the fastest at one of the measured problems nearest
+        to (m, n, k): the candidates worth predicting there (a launch never close to the best
+        nearby is not trusted to win on an extrapolated correction). None without data near."""
+        here = (math.log(m), math.log(n), math.log(k))
+        near = []
+        for entry in self.entries:
+            if entry.dtype != dtype or not entry.launch_us:
+                continue
+            distance = math.sqrt(((math.log(entry.m) - here[0]) / _LOG_SCALE["m"]) ** 2
+                                 + ((math.log(entry.n) - here[1]) / _LOG_SCALE["n"]) ** 2
+                                 + ((math.log(entry.k) - here[2]) / _LOG_SCALE["k"]) ** 2)
+            if distance <= _MAX_DISTANCE:
+                near.append((distance, entry))
+        near.sort(key=lambda item: item[0])
+        if not near:
+            return None
+        found = set()
+        for _, entry in near[:_NEIGHBOURS]:
+            best = min(entry.launch_us.values())
+            found |= {launch for launch, us in entry.launch_us.items() if us <= margin * best}
+        return found
+
+    def xla_ratio(self, dtype: str, m: int, n: int, k: int) -> float | None:
+        """The XLA path's time over the fastest fused launch's, near (m, n, k): measured at an
+        exact entry, else the distance-weighted geometric mean of the nearest entries that
+        timed XLA. None where XLA was never timed nearby."""
+        here = (math.log(m), math.log(n), math.log(k))
+        scored = []
+        for entry in self.entries:
+            if entry.dtype != dtype or not entry.xla_us:
+                continue
+            ours = min((entry.cupti_us or entry.launch_us).values(), default=None)
+            if not ours:
+                continue
+            distance = math.sqrt(((math.log(entry.m) - here[0]) / _LOG_SCALE["m"]) ** 2
+                                 + ((math.log(entry.n) - here[1]) / _LOG_SCALE["n"]) ** 2
+                                 + ((math.log(entry.k) - here[2]) / _LOG_SCALE["k"]) ** 2)
+            scored.append((distance, math.log(entry.xla_us / ours)))
+        scored.sort()
+        scored = [(d, r) for d, r in scored[:_NEIGHBOURS] if d <= _MAX_DISTANCE]
+        if not scored:
+            return None
+        if scored[0][0] == 0.0:
+            return math.exp(scored[0][1])
+        weights = [math.exp(-0.5 * d * d) for d, _ in scored]
+        return math.exp(sum(w * r for w, (_, r) in zip(weights, scored)) / sum(weights))
+
+
+@dataclasses.dataclass(frozen=True)
+class _ConfigRecord:
+    """A config as the data file records it (the fields _model reads)."""
+
+    kernel: str
+    schedule: str
+    m_side: str
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    cluster_m: int
+    cluster_n: int
+    scheduler: str
+    store: str
+    m_bands: int = 1
+    id: int | None = None  # the row id in the build that measured it (informative only)
+    optional: bool = False
+
+    @property
+    def key(self) -> str:
+        from .._native import config_key
+        return config_key(self.kernel, self.schedule, self.m_side, self.tile_m, self.tile_n,
+                          self.tile_k, self.cluster_m, self.cluster_n, self.scheduler,
+                          self.store, self.m_bands)
+
+    @property
+    def splits_k(self) -> bool:
+        return self.scheduler == "stream-k"
+
+    @property
+    def m_multiple(self) -> int:
+        return self.m_bands * self.tile_m * self.cluster_m if self.m_bands > 1 else 1
+
+
+def data_path(device_kind: str) -> str:
+    """The shipped data file for a device kind ("NVIDIA H200" -> data/NVIDIA_H200.json)."""
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in device_kind.strip())
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
+                        f"{name}.json")
+
+
+@functools.cache
+def shipped(device_kind: str) -> TuningData | None:
+    """The shipped tuning data for ``device_kind``, or None if there is none."""
+    path = data_path(device_kind)
+    if not os.path.exists(path):
+        return None
+    return TuningData.load(path)
+
+
+def shipped_kinds() -> list[str]:
+    """Device kinds with shipped data."""
+    folder = os.path.dirname(data_path("x"))
+    kinds = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                kinds.append(json.load(f)["device"]["kind"])
+    return kinds

@@ -1,0 +1,141 @@
+"""An analytic cost model of one call: what follows from the hardware, before any measurement.
+
+For a launch (tile config, split-K factor) on a problem (M tokens, N outputs, K) it counts
+the tiles, the rounds of tiles the device's SMs run (wave quantization: a last round of 30
+tiles on 132 SMs costs a whole round of time), the padded work per tile, and the bytes the
+call must move through DRAM; a round costs the larger of its tensor-core time and its share
+of the DRAM stream. The rates are nominal (per-SM tensor-core peak, the device's DRAM peak):
+what the model gets right is the *shape* of the cost over M, N and K, where tiles, waves and
+padding change it abruptly. How fast each config really is at a given place (its efficiency)
+comes from measurements (_data.py), as a correction to this model that varies smoothly.
+
+With no measurements at all (an unknown GPU), the model alone ranks the candidates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+# Nominal dense bf16 tensor-core rate of one Hopper SM (about 990 TFLOP/s over 132 SMs).
+PEAK_FLOPS_PER_SM = 7.5e12
+# How much more than its even share of DRAM bandwidth one SM can pull: a round with few
+# active tiles still streams faster than the even share, but not without limit.
+SM_BANDWIDTH_FACTOR = 1.3
+# Fixed cost of a launch, and of the stream-K workspace's memset before it.
+LAUNCH_US = 2.0
+MEMSET_US = 1.0
+# Stream-K's fixed-order reduction: a partial tile written and read back once per split.
+FIXUP_BYTES_PER_ELEMENT = 8
+# Of the operand bytes that tiles load more than once (the weights once per row of token
+# tiles, x once per column of weight tiles), the share that comes from DRAM again rather
+# than from the L2: tiles sharing an operand run at nearby times, but not all at once.
+REREAD_FROM_DRAM = 0.3
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    m: int
+    n: int
+    k: int
+    element_bytes: int = 2
+
+    @property
+    def packed(self) -> int:
+        """Packed columns: 2 * N rounded up to whole gate/up blocks of 32."""
+        return 2 * (-(-self.n // 32) * 32)
+
+    @property
+    def dram_bytes(self) -> int:
+        """Each input read once and the output written once."""
+        return self.element_bytes * (self.k * self.packed + self.m * self.k + self.m * self.n)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.k * self.packed
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tile_grid(config, problem: Problem) -> tuple[int, int]:
+    """(token tiles, packed-column tiles) of ``config`` on ``problem``, padded to clusters."""
+    tiles_m = _ceil(problem.m, config.tile_m)
+    tiles_n = _ceil(problem.packed, config.tile_n)
+    if config.m_side == "tokens":
+        tiles_m = _ceil(tiles_m, config.cluster_m) * config.cluster_m
+        tiles_n = _ceil(tiles_n, config.cluster_n) * config.cluster_n
+    return tiles_m, tiles_n
+
+
+def split_tail_clusters(config, problem: Problem, sm_count: int) -> int:
+    """Clusters of a split-tail config that run a 64-row half tile in the last round (0: the
+    round does not split), as the kernel plans it (ffi/kernels/split_tail.cuh,
+    SplitTailPlan): a grid of every SM in whole clusters but no more CTAs than tiles, tiles
+    padded to whole clusters, and a last round at most half full split in halves."""
+    tiles_m, tiles_n = tile_grid(config, problem)
+    cluster = config.cluster_m * config.cluster_n
+    ctas = min(sm_count // cluster * cluster, tiles_m * tiles_n)
+    last = (tiles_m * tiles_n) % ctas
+    return 2 * (last // cluster) if last and 2 * last <= ctas else 0
+
+
+def rounds(config, splits: int, problem: Problem, sm_count: int) -> float:
+    """Rounds of whole-tile time the call takes on ``sm_count`` SMs (fractions where the
+    scheduler balances a ragged last round: stream-K, split tails)."""
+    tiles_m, tiles_n = tile_grid(config, problem)
+    tiles = tiles_m * tiles_n
+    cluster = config.cluster_m * config.cluster_n
+    per_round = max(cluster, sm_count // cluster * cluster)
+    k_tiles = _ceil(problem.k, config.tile_k)
+    if config.scheduler == "stream-k":
+        if splits > 1:
+            splits = min(splits, k_tiles)
+            return math.ceil(tiles * splits / per_round) / splits
+        if tiles % per_round == 0 or k_tiles <= 8:  # CUTLASS keeps whole tiles there
+            return math.ceil(tiles / per_round)
+        return tiles / per_round
+    per_round = min(per_round, tiles)
+    full, last = divmod(tiles, per_round)
+    if config.scheduler == "split-tail" and split_tail_clusters(config, problem, sm_count):
+        return full + 0.5
+    return full + (1 if last else 0)
+
+
+def launch_us(config, splits: int, problem: Problem, sm_count: int,
+              dram_bytes_per_s: float) -> float:
+    """Predicted GPU time (us) of one launch of ``config`` with ``splits``."""
+    tiles_m, tiles_n = tile_grid(config, problem)
+    tiles = tiles_m * tiles_n
+    k_padded = _ceil(problem.k, config.tile_k) * config.tile_k
+    tile_flops = 2 * config.tile_m * config.tile_n * k_padded
+    compute_s = tile_flops / PEAK_FLOPS_PER_SM
+    # A round's share of the DRAM stream (each operand once, and a share of the rereads of
+    # the weights by every row of token tiles and of x by every column of weight tiles), and
+    # what one SM's tile can pull alone.
+    round_count = rounds(config, splits, problem, sm_count)
+    e = problem.element_bytes
+    loaded = e * k_padded * (tiles_m * config.tile_m * tiles_n + tiles_n * config.tile_n * tiles_m)
+    once = e * k_padded * (tiles_m * config.tile_m + tiles_n * config.tile_n)
+    dram_bytes = problem.dram_bytes + REREAD_FROM_DRAM * max(0, loaded - once)
+    per_round_s = dram_bytes / dram_bytes_per_s / max(round_count, 1e-9)
+    tile_bytes = problem.element_bytes * config.tile_n * k_padded
+    per_tile_s = tile_bytes / (SM_BANDWIDTH_FACTOR * dram_bytes_per_s / sm_count)
+    seconds = round_count * max(compute_s, per_round_s, per_tile_s)
+    overhead_us = LAUNCH_US
+    if config.scheduler == "stream-k":
+        split_tiles = tiles if splits > 1 else min(tiles, sm_count)
+        seconds += (split_tiles * config.tile_m * config.tile_n * FIXUP_BYTES_PER_ELEMENT
+                    / dram_bytes_per_s)
+        overhead_us += MEMSET_US
+    return overhead_us + 1e6 * seconds
+
+
+def xla_us(problem: Problem, sm_count: int, dram_bytes_per_s: float) -> float:
+    """Predicted GPU time (us) of the XLA path on packed weights: one GEMM with an fp32
+    result, then SiLU * up, which writes and reads the [M, 2N] fp32 product once more."""
+    gemm_s = max(problem.flops / (PEAK_FLOPS_PER_SM * sm_count),
+                 problem.dram_bytes / dram_bytes_per_s)
+    round_trip_s = (problem.m * problem.packed * 4 * 2) / dram_bytes_per_s
+    return 2 * LAUNCH_US + 1e6 * (gemm_s + round_trip_s)

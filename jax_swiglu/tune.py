@@ -1,0 +1,51 @@
+"""Autotune from the command line: ``python -m jax_swiglu.tune --shapes KxN ... --m ...``.
+
+    python -m jax_swiglu.tune --shapes 4096x14336 5120x13824 --m 1 8 64 300 2048
+    python -m jax_swiglu.tune --shapes llama-3-8b --m 1 16 --dtype float16
+
+Times the candidates of every (shape, M) on this GPU (jax_swiglu.autotune) and stores the
+winners in the autotune cache (JAX_SWIGLU_CACHE_DIR, by default the user cache directory),
+where every later lowering on this GPU finds them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import jax.numpy as jnp
+
+from . import _autotune
+from ._shapes import PUBLIC_MLPS, mlp_shape
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jax_swiglu.tune",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", required=True,
+                        help=f"KxN (hidden x intermediate), or a model name ({', '.join(PUBLIC_MLPS)})")
+    parser.add_argument("--m", nargs="+", type=int, required=True, help="tokens per call")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument("--kernel", choices=("interleaved", "pingpong"), default=None,
+                        help="only this fused family's configs (default: all, and XLA)")
+    args = parser.parse_args(argv)
+    problems = []
+    for shape in args.shapes:
+        k, n = mlp_shape(shape)
+        problems += [(m, n, k) for m in args.m]
+    try:
+        records = _autotune.autotune(problems=problems, dtype=jnp.dtype(args.dtype),
+                                     kernel=args.kernel)
+    except RuntimeError as error:
+        print(f"jax_swiglu.tune: {error}", file=sys.stderr)
+        return 1
+    for r in records:
+        print(f"M={r['m']} N={r['n']} K={r['k']} {r['dtype']}: {r['launch']} "
+              f"{r['us']:.1f} us" + ("" if r["cached"] else " (not written: see the warning)"))
+    if records:
+        print(f"autotune cache: {records[0]['cache_dir']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""The selection engine on the CPU: resolution order, the learned rule, the cost model, the
+autotune cache, and (where the data file ships) that the engine reproduces its argmin."""
+
+import json
+import math
+import multiprocessing
+import os
+import stat
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_swiglu
+from jax_swiglu import _native, selection
+from jax_swiglu.selection import _cache, _data, _device, _engine, _model
+
+from helpers import requires_kernels
+
+H200 = _device.Device("NVIDIA H200", 90, 132, 4.9e12, local=False)
+
+
+def config(id, **fields):
+    base = dict(kernel="interleaved", id=id, schedule="cooperative", tile_m=128, tile_n=256,
+                tile_k=64, cluster_m=1, cluster_n=1, scheduler="persistent", store="direct",
+                m_bands=1, m_side="tokens")
+    return _native.KernelConfig(**{**base, **fields})
+
+
+PREFILL = config(0)
+DECODE = config(1, m_side="weights", tile_m=16, tile_n=128, scheduler="stream-k")
+BANDED = config(2, schedule="pingpong", tile_n=192, cluster_m=2, m_bands=2)
+CONFIGS = {c.id: c for c in (PREFILL, DECODE, BANDED)}
+
+
+def document(entries, device=H200):
+    configs = {c.key: {k: v for k, v in c.__dict__.items()} for c in CONFIGS.values()}
+    return {"format": _data.FORMAT, "device": device.as_dict(),
+            "calibrations": {"c1": {"date": "2026-12-01T00:00:00+00:00", "gpu": device.kind}},
+            "configs": configs, "entries": entries}
+
+
+def entry(m, n, k, times, **extra):
+    return {"dtype": "bfloat16", "m": m, "n": n, "k": k, "calibration": "c1",
+            "launch_us": {(c if isinstance(c, str) else c.key): t for c, t in times.items()},
+            **extra}
+
+
+@pytest.fixture
+def engine(monkeypatch, tmp_path):
+    """The engine over CONFIGS and a data document set by the test, on an H200 fingerprint."""
+    state = {"data": None, "device": H200}
+    monkeypatch.setattr(_native, "kernel_configs", lambda: {"interleaved": CONFIGS})
+    monkeypatch.setattr(_engine, "target_device", lambda: state["device"])
+    monkeypatch.setattr(_data, "shipped", lambda kind: state["data"])
+    monkeypatch.setattr(_data, "shipped_kinds", lambda: ["NVIDIA H200"])
+    monkeypatch.setenv(_cache.CACHE_DIR_ENV_VAR, str(tmp_path / "cache"))
+
+    def set_data(entries, device=H200):
+        state["data"] = _data.TuningData(document(entries, device), source="data/NVIDIA_H200.json")
+
+    state["set_data"] = set_data
+    return state
+
+
+def test_an_exact_entry_picks_its_fastest_candidate(engine):
+    engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0}),
+                        entry(4096, 4096, 4096, {PREFILL: 300.0, DECODE: 900.0})])
+    decision = _engine.decide(8, 4096, 4096, "bfloat16")
+    assert decision.config is DECODE and decision.source == "tuning data (measured)"
+    assert "measured 20.0 us" in decision.reason and "calibration c1" in decision.reason
+    assert _engine.decide(4096, 4096, 4096, "bfloat16").config is PREFILL
+
+
+def test_xla_is_a_measured_candidate(engine):
+    engine["set_data"]([entry(1, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0}, xla_us=18.0,
+                              cupti_us={DECODE.key: 19.5})])
+    decision = _engine.decide(1, 4096, 4096, "bfloat16")
+    assert decision.config is None and "XLA measured 18.0 us against 19.5 us" in decision.reason
+    # A forced fused family never falls back to XLA.
+    assert _engine.decide(1, 4096, 4096, "bfloat16", kernel="interleaved").config is DECODE
+
+
+def test_the_learned_rule_corrects_the_model_with_the_nearest_measurements(engine):
+    # DECODE measured 2x its model, PREFILL 0.5x, at M = 8 and 16 on a shape: at M = 12 (not
+    # measured) the prediction keeps those corrections.
+    problem = lambda m: _model.Problem(m, 4096, 4096)  # noqa: E731
+    model = lambda c, m: _model.launch_us(c, 1, problem(m), 132, 4.9e12)  # noqa: E731
+    engine["set_data"]([entry(m, 4096, 4096, {PREFILL: 0.5 * model(PREFILL, m),
+                                             DECODE: 2.0 * model(DECODE, m)}) for m in (8, 16)])
+    data = engine["data"]
+    assert data.correction(DECODE.key, "bfloat16", 12, 4096, 4096) == pytest.approx(2.0)
+    predicted, learned = _engine.predict(data, H200, [PREFILL, DECODE], "bfloat16", 12, 4096, 4096)
+    assert learned
+    assert predicted[(PREFILL.key, 1)] == pytest.approx(0.5 * model(PREFILL, 12))
+    decision = _engine.decide(12, 4096, 4096, "bfloat16")
+    assert decision.source == "tuning data (learned rule)" and decision.config is PREFILL
+    # Far from every measurement there is nothing to correct with: the model alone decides.
+    far = _engine.decide(12, 64, 128, "bfloat16")
+    assert far.source == "heuristic" and "the cost model alone" in far.reason
+
+
+def test_another_sm_count_is_a_heuristic_on_that_gpu(engine):
+    engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
+    engine["device"] = _device.Device("NVIDIA H100 PCIe", 90, 114, 2.0e12)
+    decision = _engine.decide(8, 4096, 4096, "bfloat16")
+    assert decision.source == "heuristic"
+    assert "114 SMs, corrected by the measurements of NVIDIA H200" in decision.reason
+
+
+def test_no_source_picks_a_config_that_cannot_run_the_shape(engine):
+    # BANDED is fastest where measured, but M = 384 is not a multiple of its bands (512).
+    engine["set_data"]([entry(384, 4096, 4096, {BANDED: 1.0, PREFILL: 50.0}),
+                        entry(1024, 4096, 4096, {BANDED: 1.0, PREFILL: 50.0})])
+    assert _engine.decide(384, 4096, 4096, "bfloat16").config is PREFILL
+    assert _engine.decide(1024, 4096, 4096, "bfloat16").config is BANDED
+    for m in (1, 100, 384, 700, 1000, 1536, 3000):
+        decision = _engine.decide(m, 4096, 4096, "bfloat16")
+        assert decision.config is None or m % decision.config.m_multiple == 0
+
+
+def test_the_autotune_cache_comes_first(engine):
+    engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
+    engine["device"] = _device.Device("NVIDIA H200", 90, 132, 4.9e12, local=True)
+    cache = _cache.cache(jax_swiglu.__version__)
+    assert cache.store(engine["device"].fingerprint, "bfloat16", 8, 4096, 4096,
+                       {"launch": PREFILL.key, "us": 25.0, "date": "2026-12-01T00:00:00"})
+    decision = _engine.decide(8, 4096, 4096, "bfloat16", version=jax_swiglu.__version__)
+    assert decision.source == "autotune cache" and decision.config is PREFILL
+    assert "25.0 us" in decision.reason
+
+
+def test_explain_names_the_source(engine, monkeypatch):
+    engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
+    monkeypatch.setattr(_native, "kernels_available", lambda: True)
+    monkeypatch.setattr(selection, "local_gpu_is_sm90", lambda: True)
+    monkeypatch.setattr(_native, "targets", lambda: {("interleaved", "bfloat16"): "t_bf16"})
+    choice = selection.choose(8, 4096, 4096, jnp.bfloat16)
+    text = choice.describe()
+    assert text.startswith("interleaved [t_bf16, config 1: cooperative 16x128x64")
+    assert "swap-AB" in text and "(tuning data (measured): measured 20.0 us" in text
+
+
+# --- the cost model --------------------------------------------------------------------------
+
+def test_rounds_follow_the_sm_count():
+    persistent = config(9, tile_m=128, tile_n=128)
+    # 132 tiles (one row of 128-row tiles, 132 column tiles) is one round; 133 is two.
+    assert _model.rounds(persistent, 1, _model.Problem(128, 132 * 64, 64), 132) == 1
+    assert _model.rounds(persistent, 1, _model.Problem(128, 133 * 64, 64), 132) == 2
+    assert _model.rounds(persistent, 1, _model.Problem(128, 133 * 64, 64), 114) == 2
+    assert _model.rounds(persistent, 1, _model.Problem(129, 133 * 64, 64), 114) == 3
+    # Stream-K spreads a ragged last round over every SM (with enough K to split) ...
+    stream_k = config(10, tile_m=128, tile_n=128, scheduler="stream-k")
+    assert _model.rounds(stream_k, 1, _model.Problem(128, 133 * 64, 4096), 132) == pytest.approx(
+        133 / 132)
+    # ... but keeps whole tiles where K is too short to split, and split-K rounds up.
+    assert _model.rounds(stream_k, 1, _model.Problem(128, 133 * 64, 512), 132) == 2
+    assert _model.rounds(stream_k, 2, _model.Problem(128, 133 * 64, 4096), 132) == 1.5
+
+
+def test_split_tail_plan_mirrors_the_kernel():
+    tail = config(11, schedule="pingpong", tile_m=128, tile_n=128, cluster_m=2,
+                  scheduler="split-tail")
+    # 0.5B at M = 2048: 16 x 76 = 1216 tiles on 132 CTAs, a last round of 28 tiles split in
+    # 56 halves (28 clusters).
+    assert _model.split_tail_clusters(tail, _model.Problem(2048, 4864, 896), 132) == 28
+    assert _model.rounds(tail, 1, _model.Problem(2048, 4864, 896), 132) == 9.5
+    assert _model.split_tail_clusters(tail, _model.Problem(200, 4096, 512), 132) == 0
+
+
+def test_decode_is_bound_by_the_weight_stream():
+    problem = _model.Problem(1, 14336, 4096)
+    floor_us = 1e6 * problem.dram_bytes / 4.9e12
+    assert _model.launch_us(DECODE, 1, problem, 132, 4.9e12) >= floor_us
+    assert _model.xla_us(problem, 132, 4.9e12) >= floor_us
+
+
+# --- the autotune cache -----------------------------------------------------------------------
+
+def test_cache_round_trip(tmp_path):
+    cache = _cache.AutotuneCache(str(tmp_path), "1.0")
+    assert cache.lookup("gpu", "bfloat16", 8, 64, 64) is None
+    assert cache.store("gpu", "bfloat16", 8, 64, 64, {"launch": "x", "us": 1.0})
+    fresh = _cache.AutotuneCache(str(tmp_path), "1.0")  # another process, later
+    assert fresh.lookup("gpu", "bfloat16", 8, 64, 64) == {"launch": "x", "us": 1.0}
+    assert fresh.lookup("other gpu", "bfloat16", 8, 64, 64) is None
+    assert _cache.AutotuneCache(str(tmp_path), "2.0").lookup("gpu", "bfloat16", 8, 64, 64) is None
+
+
+def test_cache_with_a_corrupt_file_warns_once_and_recovers(tmp_path):
+    cache = _cache.AutotuneCache(str(tmp_path), "1.0")
+    cache.store("gpu", "bfloat16", 8, 64, 64, {"launch": "x"})
+    [path] = tmp_path.glob("autotune-*.json")
+    path.write_text("{not json")
+    fresh = _cache.AutotuneCache(str(tmp_path), "1.0")
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        assert fresh.lookup("gpu", "bfloat16", 8, 64, 64) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fresh.store("gpu", "bfloat16", 16, 64, 64, {"launch": "y"})  # rewrites it whole
+    assert json.loads(path.read_text())["entries"]["bfloat16:16x64x64"] == {"launch": "y"}
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_cache_in_a_read_only_directory_stays_in_memory(tmp_path):
+    tmp_path.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        cache = _cache.AutotuneCache(str(tmp_path / "sub"), "1.0")
+        with pytest.warns(RuntimeWarning, match="cannot be written"):
+            assert not cache.store("gpu", "bfloat16", 8, 64, 64, {"launch": "x"})
+        assert cache.lookup("gpu", "bfloat16", 8, 64, 64) == {"launch": "x"}
+    finally:
+        tmp_path.chmod(stat.S_IRWXU)
+
+
+def test_cache_that_cannot_be_created_stays_in_memory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the directory should be")
+    cache = _cache.AutotuneCache(str(blocker / "cache"), "1.0")
+    with pytest.warns(RuntimeWarning, match="cannot be written"):
+        assert not cache.store("gpu", "bfloat16", 8, 64, 64, {"launch": "x"})
+    assert cache.lookup("gpu", "bfloat16", 8, 64, 64) == {"launch": "x"}
+
+
+def _write_entries(directory, start):
+    cache = _cache.AutotuneCache(directory, "1.0")
+    for m in range(start, start + 20):
+        cache.store("gpu", "bfloat16", m, 64, 64, {"launch": f"l{m}"})
+
+
+def test_two_processes_writing_keep_both_entries(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_write_entries, args=(str(tmp_path), start))
+               for start in (1, 101)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+        assert worker.exitcode == 0
+    merged = _cache.AutotuneCache(str(tmp_path), "1.0")
+    for m in list(range(1, 21)) + list(range(101, 121)):
+        assert merged.lookup("gpu", "bfloat16", m, 64, 64) == {"launch": f"l{m}"}
+
+
+def test_cache_directory_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(_cache.CACHE_DIR_ENV_VAR, str(tmp_path / "here"))
+    assert _cache.cache("x").directory == str(tmp_path / "here")
+    monkeypatch.delenv(_cache.CACHE_DIR_ENV_VAR)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _cache.cache("x").directory == os.path.join(str(tmp_path / "xdg"), "jax_swiglu")
+
+
+# --- the shipped data ---------------------------------------------------------------------------
+
+def _shipped_documents():
+    folder = os.path.dirname(_data.data_path("x"))
+    if not os.path.isdir(folder):
+        return []
+    return [os.path.join(folder, name) for name in sorted(os.listdir(folder))
+            if name.endswith(".json")]
+
+
+@pytest.mark.parametrize("path", _shipped_documents())
+def test_shipped_data_has_provenance(path):
+    data = _data.TuningData.load(path)
+    assert data.entries, "no entries"
+    for calibration in data.calibrations.values():
+        for field in ("date", "commit", "gpu", "driver", "cuda", "jax", "cutlass", "command"):
+            assert calibration.get(field), f"calibration without {field}"
+    assert {e.calibration for e in data.entries} <= set(data.calibrations)
+    from jax_swiglu import _shapes
+    held_out = {_shapes.PUBLIC_MLPS[name] for name in _shapes.HELD_OUT}
+    assert not [e for e in data.entries if (e.k, e.n) in held_out or e.m in _shapes.HELD_OUT_M]
+
+
+@requires_kernels
+@pytest.mark.parametrize("path", _shipped_documents())
+def test_engine_reproduces_the_argmin_of_the_shipped_data(path, monkeypatch, tmp_path):
+    """At every measured point, the engine's choice is the fastest measured candidate that
+    this build compiled and that can run the point (XLA included, where measured)."""
+    data = _data.TuningData.load(path)
+    device = _device.device_from_dict(data.device, local=False)
+    monkeypatch.setattr(_engine, "target_device", lambda: device)
+    monkeypatch.setenv(_cache.CACHE_DIR_ENV_VAR, str(tmp_path))
+    compiled = {c.key: c for table in _native.kernel_configs().values() for c in table.values()}
+    for e in data.entries:
+        measured = {launch: us for launch, us in e.launch_us.items()
+                    if _data.parse_launch_id(launch)[0] in compiled
+                    and e.m % compiled[_data.parse_launch_id(launch)[0]].m_multiple == 0}
+        if not measured:
+            continue
+        best = min(measured, key=measured.get)
+        ours = (e.cupti_us or {}).get(best, measured[best])
+        decision = _engine.decide(e.m, e.n, e.k, e.dtype)
+        if e.xla_us and e.xla_us < ours:
+            assert decision.config is None, (e.m, e.n, e.k)
+        else:
+            got = _data.launch_id(decision.config.key, decision.splits)
+            assert got == best, (e.m, e.n, e.k, got, best)
