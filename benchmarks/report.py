@@ -3,6 +3,7 @@
     python -m benchmarks.report RESULT.json [...]          # RESULT.md (+ RESULT.png) next to it
     python -m benchmarks.report --out-dir DIR RESULT.json   # ... into DIR instead
     python -m benchmarks.report --readme RESULT.json        # the README's performance table
+    python -m benchmarks.report --performance docs/performance.md RUN.json ...
 
 RESULT.json is what bench_swiglu.py or calibrate.py saved. A benchmark run gets its table, the
 targets of its rows and a plot (matplotlib); a calibration run gets a summary table. No GPU
@@ -396,6 +397,25 @@ def write_report(result, stem, source=None, force=False, plot=True) -> list[str]
     return written
 
 
+def performance_markdown(results: list[tuple[str, dict]], out_path: str) -> str:
+    """docs/performance.md: every given benchmark run's table, targets and plot, in order."""
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    lines = ["<!-- written by benchmarks/report.py --performance; regenerate, do not edit -->",
+             "# Performance", "",
+             "The latest recorded benchmark runs on the H200, generated from their JSON "
+             "(benchmarks/results/NVIDIA_H200/INDEX.md says how each was run and what it showed).",
+             ""]
+    for path, result in results:
+        suite = result.get("suite", "prefill")
+        rel = os.path.relpath(os.path.abspath(path), out_dir)
+        lines += [f"## {suite}: `{os.path.basename(path)}`", "",
+                  f"From [{os.path.basename(path)}]({rel}).", "", markdown(result).rstrip(), ""]
+        png = os.path.splitext(path)[0] + ".png"
+        if os.path.exists(png):
+            lines += [f"![{suite}]({os.path.relpath(os.path.abspath(png), out_dir)})", ""]
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="JSON files from bench_swiglu/calibrate")
@@ -405,7 +425,18 @@ def main(argv=None):
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--readme", action="store_true",
                         help="print the README's performance table of each benchmark run")
+    parser.add_argument("--performance", default=None,
+                        help="write docs/performance.md here from the given benchmark runs")
     args = parser.parse_args(argv)
+    if args.performance:
+        runs = []
+        for path in args.results:
+            with open(path) as f:
+                runs.append((path, json.load(f)))
+        with open(args.performance, "w") as f:
+            f.write(performance_markdown(runs, args.performance))
+        print(f"wrote {args.performance}")
+        return
     for path in args.results:
         with open(path) as f:
             result = json.load(f)

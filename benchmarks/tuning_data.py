@@ -40,6 +40,52 @@ def _calibration_id(calibration: dict, existing: dict) -> str:
     return name
 
 
+# Wave-1 calibrations (benchmarks/results history): every launch timed through JAX by CUPTI in
+# interleaved rounds, on the Qwen2.5 shapes. Only what the current kernels still run the same
+# way is imported: launches of configs whose definition is a current row's, plain launches
+# (no forced tile order), not the stream-K config (its decomposition changed since), and, on
+# trees before the edge-tile loads (812e0a3), only M that fill whole 256-row tiles.
+LEGACY_METHOD = "CUPTI through JAX, interleaved rounds (wave-1 calibrate.py)"
+_LEGACY_EDGE_TILE_COMMITS = ("034c9c4", "2808682")  # trees that had the edge-tile loads
+_LEGACY_CONFIG_FIELDS = {"kernel", "id", "schedule", "tile_m", "tile_n", "tile_k", "cluster_m",
+                         "cluster_n", "scheduler", "store", "m_bands", "m_side", "optional"}
+
+
+def legacy_calibration(old: dict, current_configs: dict, device_facts: dict) -> dict:
+    """A wave-1 calibration JSON as a calibration of today's format (see LEGACY_METHOD)."""
+    from jax_swiglu import _native
+
+    env = dict(old["environment"])
+    commit = (env.get("git") or "").rstrip("+")
+    edge_tiles = commit in _LEGACY_EDGE_TILE_COMMITS
+    keys = {}
+    for kernel, table in old.get("configs", {}).items():
+        for config_id, fields in table.items():
+            if set(fields) - _LEGACY_CONFIG_FIELDS:
+                continue  # an experiment's config (a field the product has no longer)
+            key = _native.config_key(kernel, fields["schedule"], fields.get("m_side", "tokens"),
+                                     fields["tile_m"], fields["tile_n"], fields["tile_k"],
+                                     fields["cluster_m"], fields["cluster_n"],
+                                     fields.get("scheduler", "persistent"),
+                                     fields.get("store", "tma"), fields.get("m_bands", 1))
+            if key in current_configs and fields.get("scheduler") != "stream-k":
+                keys[f"{kernel}:{config_id}"] = key
+    rows = []
+    for row in old["rows"]:
+        if not edge_tiles and row["m"] % 256:
+            continue
+        launch_us = {keys[name]: us for name, us in row["gpu_us"].items() if name in keys}
+        if launch_us:
+            rows.append({"model": row["model"], "dtype": "bfloat16", "m": row["m"],
+                         "n": row["n"], "k": row["k"], "launch_us": launch_us, "errors": {}})
+    smi = env.get("nvidia_smi") or ""
+    env.update(device_facts=device_facts, cutlass=env.get("cutlass") or "4.2.0.0 (pinned)",
+               driver=env.get("driver") or (smi.split(",")[1].strip() if "," in smi else None))
+    return {"kind": "calibration", "method": LEGACY_METHOD, "environment": env,
+            "held_out_shapes": [], "held_out_m": [],
+            "configs": {key: current_configs[key] for key in set(keys.values())}, "rows": rows}
+
+
 def held_out(row: dict, calibration: dict) -> bool:
     return (row["model"] in calibration.get("held_out_shapes", ())
             or row["m"] in calibration.get("held_out_m", ()))
@@ -67,13 +113,23 @@ def merge(document: dict, calibration: dict, *, include_held_out: bool = False) 
     for row in calibration["rows"]:
         if not row["launch_us"] or (held_out(row, calibration) and not include_held_out):
             continue
+        key = (row["dtype"], row["m"], row["n"], row["k"])
+        launch_us = {k: round(v, 3) for k, v in sorted(row["launch_us"].items())}
         entry = {"dtype": row["dtype"], "m": row["m"], "n": row["n"], "k": row["k"],
-                 "launch_us": {k: round(v, 3) for k, v in sorted(row["launch_us"].items())},
-                 "calibration": name}
+                 "launch_us": launch_us, "calibration": name}
+        previous = entries.get(key)
+        if (calibration.get("method") == LEGACY_METHOD and previous is not None
+                and document["calibrations"][previous["calibration"]]["method"] == LEGACY_METHOD):
+            # Wave-1 runs each timed a few launches: their union, each launch from the newest
+            # run that timed it, each with its run.
+            sources = previous.get("launch_calibration") or {
+                launch: previous["calibration"] for launch in previous["launch_us"]}
+            entry["launch_us"] = {**previous["launch_us"], **launch_us}
+            entry["launch_calibration"] = {**sources, **{launch: name for launch in launch_us}}
         if row.get("xla_us"):
             entry["xla_us"] = round(row["xla_us"], 3)
             entry["cupti_us"] = {k: round(v, 3) for k, v in row.get("cupti_us", {}).items()}
-        entries[(row["dtype"], row["m"], row["n"], row["k"])] = entry
+        entries[key] = entry
         written += 1
     document["entries"] = [entries[key] for key in sorted(entries)]
     return written
@@ -141,11 +197,23 @@ def main(argv=None):
                         help="merge the held-out rows too (then nothing is left to report on)")
     parser.add_argument("--report-only", action="store_true", help="merge nothing")
     parser.add_argument("--report", default=None, help="write the held-out report here")
+    parser.add_argument("--legacy", nargs="*", default=[],
+                        help="wave-1 calibration JSONs to import first (see LEGACY_METHOD)")
     args = parser.parse_args(argv)
     calibrations = []
     for path in args.calibrations:
         with open(path) as f:
             calibrations.append(json.load(f))
+    if args.legacy:
+        facts = calibrations[0]["environment"]["device_facts"]
+        current = calibrations[-1]["configs"]
+        legacy = []
+        for path in args.legacy:
+            with open(path) as f:
+                legacy.append((legacy_calibration(json.load(f), current, facts), path))
+        legacy.sort(key=lambda pair: pair[0]["environment"].get("date") or "")
+        calibrations = [c for c, _ in legacy] + calibrations
+        args.calibrations = [path for _, path in legacy] + args.calibrations
     kind = calibrations[0]["environment"]["device_facts"]["kind"]
     path = args.data or _data.data_path(kind)
     if os.path.exists(path):

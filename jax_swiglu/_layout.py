@@ -23,17 +23,15 @@ Why this layout, and not the even/odd column interleave:
   columns ``8 j + 2 q + e`` of a row (every 8-column block ``j``). Stored as they come, a
   thread's outputs are 4-byte pairs 16 bytes apart; with the transpose, positions
   ``8 j + 2 q + e`` hold a run's columns ``8 q .. 8 q + 7``, one 16-byte store per thread
-  and run. With the direct store of the 128x192 pingpong tiles that measured 1.3-7.7%
-  faster on every small-model row (benchmarks/results/NVIDIA_H200/
-  2026-11-30-calibration-16-byte-stores.md); both kernels store this way.
+  and run. With the direct store that measured faster on every small-model shape
+  (docs/design.md); both kernels store this way.
 * Pingpong kernel (gate then up over an ``[M, N]`` grid): the gate (or up) columns of an
   output tile are whole 32-column runs, 64-byte rows every other run: one TMA box with an
   outer mode over the runs fetches them, each run one 64-byte-swizzled atom in shared memory.
   Under even/odd interleave they would be strided 2-byte columns that no TMA box can fetch.
 * Tile widths: a tile of the interleaved kernel must hold whole pairs, so its packed
   width is a multiple of 64: 128, 192, 256 and 320 all are. (Blocks of 64 allowed only
-  multiples of 128, and 192-wide tiles measured up to 9% faster as plain GEMMs:
-  benchmarks/results/NVIDIA_H200/2026-11-29-gemm-probe-candidate-tiles.md.)
+  multiples of 128, and 192-wide tiles measured faster as plain GEMMs on several shapes.)
 * Sharding: a contiguous run of whole gate/up pairs (64 packed columns each) is itself a
   packed matrix, for its 32-column run of N. So the packed matrix shards along its last
   axis (column / tensor parallel) as long as every shard holds whole pairs and there is

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import statistics
 
 import jax
@@ -85,9 +86,10 @@ def make_inputs(key, m: int, n: int, k: int, dtype, sets: int):
 
 def time_launches(m: int, n: int, k: int, dtype, launches, *, samples: int = 3, key=None,
                   device=None, weights=None) -> dict[str, dict]:
-    """GPU time of each launch on this GPU: launch id -> {"us": median per launch, "samples",
-    "error" (None, or why the launch failed or wrote wrong values)}. ``weights``: packed
-    weight sets to rotate through (make_weight_sets), made here when not given."""
+    """GPU time of each launch on this GPU: launch id -> {"us": median per launch over
+    ``samples`` interleaved rounds, "samples", "error" (None, or why the launch failed or wrote
+    wrong values)}. ``weights``: packed weight sets to rotate through (make_weight_sets), made
+    here when not given. Each launch's output is checked after its last round."""
     dtype = jnp.dtype(dtype)
     key = jax.random.key(0) if key is None else key
     packed = weights or make_weight_sets(key, n, k, dtype, _rotation_sets(m, n, k, dtype.itemsize))
@@ -98,31 +100,45 @@ def time_launches(m: int, n: int, k: int, dtype, launches, *, samples: int = 3, 
     jax.block_until_ready((xs, packed, out))
     facts = device or selection._engine.target_device()
     problem = _model.Problem(m, n, k)
+    plans = []
     results = {}
     for config, splits in launches:
-        name = _data.launch_id(config.key, splits)
         estimate = _model.launch_us(config, splits, problem, facts.sm_count,
                                     facts.dram_bytes_per_s)
         calls = max(len(sets), min(_MAX_CALLS, math.ceil(_GRAPH_US / estimate)))
-        calls = -(-calls // len(sets)) * len(sets)
         nbytes = _native.workspace_bytes(config.kernel, dtype.name, config.id, m=m, n=n,
                                          n_packed=_layout.padded_n(n), k=k, swizzle=1,
                                          raster=0, splits=splits)
         workspace = jnp.zeros((nbytes,), jnp.uint8) if nbytes else None
         if workspace is not None:
             workspace.block_until_ready()
-        try:
-            times = _native.time_launches(
-                config.kernel, dtype.name, config.id, m=m, n=n, n_packed=_layout.padded_n(n),
-                k=k, swizzle=1, raster=0, splits=splits, xs=xs, packed=packed, out=out,
-                workspace=workspace, calls=calls, samples=samples)
-        except (RuntimeError, ValueError) as error:
-            results[name] = {"us": None, "samples": [], "error": str(error)}
-            continue
-        nans, mean_abs = (float(v) for v in _output_stats(out))
-        results[name] = {"us": statistics.median(times), "samples": times,
-                         "mean_abs": mean_abs,
-                         "error": f"{int(nans)} output elements not written" if nans else None}
+        plans.append((config, splits, _data.launch_id(config.key, splits),
+                      -(-calls // len(sets)) * len(sets), workspace))
+        results[plans[-1][2]] = {"us": None, "samples": [], "error": None}
+    # Interleaved rounds: each round times every launch once, in a shuffled order, so the
+    # clock's drift at the power limit over a long problem is shared by all of them.
+    for round_index in range(samples):
+        order = list(plans) if round_index == 0 else random.Random(round_index).sample(
+            plans, len(plans))
+        for config, splits, name, calls, workspace in order:
+            if results[name]["error"] is not None:
+                continue
+            try:
+                results[name]["samples"] += _native.time_launches(
+                    config.kernel, dtype.name, config.id, m=m, n=n,
+                    n_packed=_layout.padded_n(n), k=k, swizzle=1, raster=0, splits=splits,
+                    xs=xs, packed=packed, out=out, workspace=workspace, calls=calls, samples=1)
+            except (RuntimeError, ValueError) as error:
+                results[name]["error"] = str(error)
+                continue
+            if round_index == samples - 1:
+                nans, mean_abs = (float(v) for v in _output_stats(out))
+                results[name]["mean_abs"] = mean_abs
+                if nans:
+                    results[name]["error"] = f"{int(nans)} output elements not written"
+    for result in results.values():
+        if result["error"] is None and result["samples"]:
+            result["us"] = statistics.median(result["samples"])
     _flag_outliers(results)
     return results
 

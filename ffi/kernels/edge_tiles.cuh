@@ -1,20 +1,16 @@
 // Tiles on the edge of the problem along M: where their loads of x start.
 //
 // A TMA load whose box lies partly or wholly outside the tensor fills the outside part with
-// zeros, and on the H200 that is slow enough to show in the kernel's time, more so the more
-// of the box is outside and the narrower the tile (x's box is reused over fewer columns): with
-// 128x128 tiles, M = 1921 (one row in the last row of tiles) took 73.1 us on config 3 against
-// 51.8 at M = 1920 and 55.4 at M = 2048, and M = 1920 on config 1, whose 2x1 cluster pads 15
-// rows of tiles to 16 (a tile wholly outside in every other cluster), 56.2 us against 50.0 at
-// M = 2048; 128x192 and 128x256 tiles did not slow down
-// (benchmarks/results/NVIDIA_H200/2026-12-01-calibration-edge-tiles.md). So an edge tile's
-// x box stays inside: a tile that reaches past row M loads the tile_m rows that end there
-// (M - tile_m .. M - 1), and the epilogue stores only the rows that are the tile's own
+// zeros, and on Hopper that is slow enough to show in the kernel's time, more so the more of
+// the box is outside and the narrower the tile (x's box is reused over fewer columns): a last
+// row of 128x128 tiles holding one row of x, or a 2x1 cluster padding an odd count of tile rows
+// with a tile wholly outside, cost measurably more than a whole row of tiles. So an edge
+// tile's x box stays inside: a tile that reaches past row M loads the tile_m rows that end
+// there (M - tile_m .. M - 1), and the epilogue stores only the rows that are the tile's own
 // (>= tile * tile_m; none for a tile wholly outside). With M < tile_m nothing can move and the
-// box keeps its zeros. Along N the weight boxes stay: a partial one measured no slower (3B at
-// N = 10944, 11008, 11040: the time follows N), and where config 10's 1x2 cluster pads an odd
-// count of tiles with one wholly outside, loading the last tile inside instead measured level
-// (same record): that padding costs the wave it adds, not its loads.
+// box keeps its zeros. Along N the weight boxes stay: a partial one measured no slower, and a
+// tile wholly outside that a 1x2 cluster pads costs the wave it adds, not its loads.
+// docs/design.md points at the measurements.
 #pragma once
 
 #include <cute/tensor.hpp>

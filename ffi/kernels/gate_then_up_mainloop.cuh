@@ -75,7 +75,7 @@ struct GateThenUpMainloop {
   // The weights' swizzle atom is exactly one gate (or up) run wide (32 columns, 64 bytes:
   // the 64-byte swizzle), so each TMA box row is one contiguous run of the packed matrix and
   // the box's inner extent equals the swizzle width. (A 128-byte atom over two 64-byte runs
-  // asks TMA for a box narrower than its swizzle: that crashed on the GPU, run 38.)
+  // asks TMA for a box narrower than its swizzle, which the TMA unit rejects on the GPU.)
   static_assert(kGateUpBlock * sizeof(ElementB) == 64, "one run is one 64-byte swizzle atom");
   using SmemLayoutAtomB = cute::GMMA::Layout_MN_SW64_Atom<ElementB>;
   using SmemLayoutA = decltype(cute::tile_to_shape(

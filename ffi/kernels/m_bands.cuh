@@ -2,10 +2,9 @@
 //
 // CUTLASS's persistent scheduler walks the tiles down M first when there are more columns of
 // tiles than rows (every Qwen2.5 shape at M = 8192): each round of tiles (one per CTA) covers
-// all of M for a few columns, so every round reads all of x again. At 3B M=8192 x is 32 MB and
-// does not stay in L2 between rounds: our kernels moved 1.2-1.3 GB through DRAM there against
-// cuBLAS's 0.88 GB, and took 2.09-2.11x their M = 4096 time where the bare GEMM took 2.00x
-// (benchmarks/results/NVIDIA_H200/2026-12-01-ncu-3b-m8192.md, -calibration-cluster-1x2.md).
+// all of M for a few columns, so every round reads all of x again. Once x outgrows the L2 (tens
+// of MB at M = 8192) it is read from DRAM round after round, and the kernel moves a good deal
+// more DRAM traffic than cuBLAS's GEMM on the same shape (Nsight Compute; docs/design.md).
 // With kBands bands, the scheduler runs the problem as if it were kBands problems of M / kBands
 // rows one after the other, in the same order within each: a band's x (16 MB at 3B) is what
 // the rounds read again, and each weight column is read once per band.

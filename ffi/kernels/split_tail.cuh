@@ -1,18 +1,13 @@
 // Splitting the last round of tiles of a persistent pingpong grid over the CTAs it leaves idle.
 //
 // A persistent grid of P CTAs runs T tiles in rounds of P. When T is not a multiple of P the
-// last round has r tiles and P - r CTAs wait through it: at 0.5B M=2048 config 1 runs 1216
-// 128x128 tiles on 132 CTAs, 9 whole rounds and a tenth of 28 tiles (M = 1792, 9 rounds, took
-// 45.6 us against 49.9; benchmarks/results/NVIDIA_H200/2026-12-01-calibration-m2048-rounds.md).
-// Here, when r <= P/2, each tile of the last round runs as two units, one per 64-row half (one
-// row of the warpgroup's m64 wgmma atoms), on two different clusters. Both halves run the
-// whole K, so no partial sums meet anywhere: no workspace, no flags, and every output element
-// is computed by one thread in the same order as in a whole tile (the result is bitwise that
-// of the unsplit kernel). A half still loads its whole x box (TMA boxes are fixed).
-// Measured (2026-12-01-calibration-split-tail*.md): 1-5% faster where the round splits at
-// M <= 1024 (0.5B M=512: 16.9 vs 17.8 us), level where it does not; at 0.5B M=2048 level with
-// the 2x1 cluster (51.3 vs 51.4) and 1.6% faster with the 1x2 one (50.6): the tenth round
-// costs less than a whole tile's time there, its halves more than half of it.
+// last round has r tiles and P - r CTAs wait through it. Here, when r <= P/2, each tile of the
+// last round runs as two units, one per 64-row half (one row of the warpgroup's m64 wgmma
+// atoms), on two different clusters. Both halves run the whole K, so no partial sums meet
+// anywhere: no workspace, no flags, and every output element is computed by one thread in the
+// same order as in a whole tile (the result is bitwise that of the unsplit kernel). A half
+// still loads its whole x box (TMA boxes are fixed), so it costs more than half a tile: the
+// split pays where the last round is short, and the selection's measurements say where.
 //
 // Three parts agree on the plan below: SplitTailScheduler (which units a CTA gets; a half is
 // marked in the unit's batch index L, which is 0 otherwise), SplitTailMainloop (its consumer
@@ -73,7 +68,7 @@ class SplitTailScheduler : public cutlass::gemm::kernel::detail::PersistentTileS
   CUTLASS_HOST_DEVICE SplitTailScheduler() {}
 
   // Everything but the next whole tile is worked out here, once: per-unit work sits on the
-  // producer's path between two tiles' loads, where 64-bit divisions measured 3-8% slower.
+  // producer's path between two tiles' loads, where 64-bit divisions measured slower.
   CUTLASS_DEVICE explicit SplitTailScheduler(Params const& params) : Base(params) {
     // The CTA's first linear tile, as CUTLASS's scheduler numbers it.
     next_tile_ = params.raster_order_ == RasterOrder::AlongN

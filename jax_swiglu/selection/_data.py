@@ -53,6 +53,8 @@ class Entry:
     calibration: str
     xla_us: float | None = None  # the XLA path, timed through JAX
     cupti_us: dict | None = None  # launch id -> the same launch timed through JAX
+    # Where launches of one entry come from several runs: launch id -> calibration id.
+    launch_calibration: dict | None = None
 
     @property
     def problem(self) -> _model.Problem:
