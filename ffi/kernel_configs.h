@@ -44,7 +44,7 @@
   X(2, Cooperative, Tokens, 128, 256, 64, 1, 1, Persistent, DirectStore, 1, Always)      \
   X(3, Cooperative, Tokens, 128, 128, 64, 1, 1, Persistent, DirectStore, 1, Always)      \
   X(4, Pingpong, Tokens, 64, 128, 64, 1, 1, Persistent, DirectStore, 1, Always)          \
-  X(5, Cooperative, Tokens, 128, 128, 64, 1, 1, StreamK, TmaStore, 1, Always)            \
+  X(5, Cooperative, Tokens, 128, 128, 64, 1, 1, StreamK, TmaStore, 1, Optional)          \
   X(6, Pingpong, Tokens, 128, 192, 64, 2, 1, Persistent, DirectStore, 1, Always)         \
   X(7, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 1, Always)      \
   X(8, Cooperative, Tokens, 128, 320, 64, 1, 1, Persistent, DirectStore, 1, Always)      \
