@@ -31,7 +31,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     problems = []
     for shape in args.shapes:
-        k, n = mlp_shape(shape)
+        try:
+            k, n = mlp_shape(shape)
+        except ValueError as error:
+            parser.error(str(error))
         problems += [(m, n, k) for m in args.m]
     try:
         records = _autotune.autotune(problems=problems, dtype=jnp.dtype(args.dtype),

@@ -299,3 +299,16 @@ def test_engine_reproduces_the_argmin_of_the_shipped_data(path, monkeypatch, tmp
         else:
             got = _data.launch_id(decision.config.key, decision.splits)
             assert got == best, (e.m, e.n, e.k, got, best)
+
+
+def test_autotune_needs_a_gpu_and_says_so(capsys):
+    if selection.kernels_unusable_reason() is None:
+        pytest.skip("an SM90 GPU is here: tests/gpu runs autotune")
+    with pytest.raises(RuntimeError, match="needs an SM90 GPU"):
+        jax_swiglu.autotune(problems=[(8, 128, 64)])
+    from jax_swiglu import tune
+    assert tune.main(["--shapes", "64x128", "--m", "8"]) == 1
+    assert "needs an SM90 GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tune.main(["--shapes", "not-a-model", "--m", "8"])
+    assert "unknown model 'not-a-model'" in capsys.readouterr().err

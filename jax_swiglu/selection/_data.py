@@ -230,7 +230,8 @@ def shipped(device_kind: str) -> TuningData | None:
     return TuningData.load(path)
 
 
-def shipped_kinds() -> list[str]:
+@functools.cache
+def shipped_kinds() -> tuple[str, ...]:
     """Device kinds with shipped data."""
     folder = os.path.dirname(data_path("x"))
     kinds = []
@@ -238,4 +239,4 @@ def shipped_kinds() -> list[str]:
         if name.endswith(".json"):
             with open(os.path.join(folder, name)) as f:
                 kinds.append(json.load(f)["device"]["kind"])
-    return kinds
+    return tuple(kinds)
