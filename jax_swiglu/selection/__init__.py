@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from .. import _native
-from . import _engine
+from . import _device, _engine
 
 # Public names of the implementations. "xla" is the plain XLA reference path.
 KERNELS = ("interleaved", "pingpong", "xla")
@@ -86,17 +86,10 @@ def _warn_once(message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-@functools.cache
 def local_gpu_is_sm90() -> bool | None:
     """True/False for the local CUDA GPU; None when there is none (cross-lowering)."""
-    try:
-        devices = jax.devices("cuda")
-    except RuntimeError:
-        return None
-    capability = getattr(devices[0], "compute_capability", None)
-    if capability is None:
-        return None
-    return str(capability) in ("9.0", "90")
+    device = _device.local_device()
+    return None if device is None else device.compute_capability == 90
 
 
 def kernels_unusable_reason() -> str | None:

@@ -112,44 +112,24 @@ class TuningData:
     def correction(self, launch: str, dtype: str, m: int, n: int, k: int) -> float | None:
         """exp(weighted mean log(measured / model)) of ``launch`` near (m, n, k), or None when
         no measurement of it is close enough."""
-        points = self._by_launch.get(launch)
-        if not points:
-            return None
-        here = (math.log(m), math.log(n), math.log(k))
-        scored = []
-        for point_dtype, lm, ln, lk, residual in points:
-            if point_dtype != dtype:
-                continue
-            distance = math.sqrt(((lm - here[0]) / _LOG_SCALE["m"]) ** 2
-                                 + ((ln - here[1]) / _LOG_SCALE["n"]) ** 2
-                                 + ((lk - here[2]) / _LOG_SCALE["k"]) ** 2)
-            scored.append((distance, residual))
-        scored.sort()
-        scored = [(d, r) for d, r in scored[:_NEIGHBOURS] if d <= _MAX_DISTANCE]
-        if not scored:
-            return None
-        weights = [math.exp(-0.5 * d * d) for d, _ in scored]
-        return math.exp(sum(w * r for w, (_, r) in zip(weights, scored)) / sum(weights))
+        here = _log_point(m, n, k)
+        return _nearest_geometric_mean(
+            [(_distance((lm, ln, lk), here), residual)
+             for point_dtype, lm, ln, lk, residual in self._by_launch.get(launch, ())
+             if point_dtype == dtype])
 
     def competitive(self, dtype: str, m: int, n: int, k: int, margin: float = 1.15) -> set | None:
         """Launch ids within ``margin`` of the fastest at one of the measured problems nearest
         to (m, n, k): the candidates worth predicting there (a launch never close to the best
         nearby is not trusted to win on an extrapolated correction). None without data near."""
-        here = (math.log(m), math.log(n), math.log(k))
-        near = []
-        for entry in self.entries:
-            if entry.dtype != dtype or not entry.launch_us:
-                continue
-            distance = math.sqrt(((math.log(entry.m) - here[0]) / _LOG_SCALE["m"]) ** 2
-                                 + ((math.log(entry.n) - here[1]) / _LOG_SCALE["n"]) ** 2
-                                 + ((math.log(entry.k) - here[2]) / _LOG_SCALE["k"]) ** 2)
-            if distance <= _MAX_DISTANCE:
-                near.append((distance, entry))
-        near.sort(key=lambda item: item[0])
+        here = _log_point(m, n, k)
+        near = sorted(((_distance(_log_point(e.m, e.n, e.k), here), i)
+                       for i, e in enumerate(self.entries) if e.dtype == dtype and e.launch_us))
+        near = [self.entries[i] for d, i in near[:_NEIGHBOURS] if d <= _MAX_DISTANCE]
         if not near:
             return None
         found = set()
-        for _, entry in near[:_NEIGHBOURS]:
+        for entry in near:
             best = min(entry.launch_us.values())
             found |= {launch for launch, us in entry.launch_us.items() if us <= margin * best}
         return found
@@ -158,26 +138,36 @@ class TuningData:
         """The XLA path's time over the fastest fused launch's, near (m, n, k): measured at an
         exact entry, else the distance-weighted geometric mean of the nearest entries that
         timed XLA. None where XLA was never timed nearby."""
-        here = (math.log(m), math.log(n), math.log(k))
+        here = _log_point(m, n, k)
         scored = []
         for entry in self.entries:
             if entry.dtype != dtype or not entry.xla_us:
                 continue
             ours = min((entry.cupti_us or entry.launch_us).values(), default=None)
-            if not ours:
-                continue
-            distance = math.sqrt(((math.log(entry.m) - here[0]) / _LOG_SCALE["m"]) ** 2
-                                 + ((math.log(entry.n) - here[1]) / _LOG_SCALE["n"]) ** 2
-                                 + ((math.log(entry.k) - here[2]) / _LOG_SCALE["k"]) ** 2)
-            scored.append((distance, math.log(entry.xla_us / ours)))
-        scored.sort()
-        scored = [(d, r) for d, r in scored[:_NEIGHBOURS] if d <= _MAX_DISTANCE]
-        if not scored:
-            return None
-        if scored[0][0] == 0.0:
-            return math.exp(scored[0][1])
-        weights = [math.exp(-0.5 * d * d) for d, _ in scored]
-        return math.exp(sum(w * r for w, (_, r) in zip(weights, scored)) / sum(weights))
+            if ours:
+                scored.append((_distance(_log_point(entry.m, entry.n, entry.k), here),
+                               math.log(entry.xla_us / ours)))
+        exact = [r for d, r in scored if d == 0.0]
+        return math.exp(min(exact)) if exact else _nearest_geometric_mean(scored)
+
+
+def _log_point(m: int, n: int, k: int) -> tuple[float, float, float]:
+    return math.log(m), math.log(n), math.log(k)
+
+
+def _distance(a, b) -> float:
+    """How far apart two problems are, in log units scaled per dimension (_LOG_SCALE)."""
+    return math.sqrt(sum(((x - y) / _LOG_SCALE[axis]) ** 2 for axis, x, y in zip("mnk", a, b)))
+
+
+def _nearest_geometric_mean(scored) -> float | None:
+    """exp of the Gaussian-weighted mean of the logs of the _NEIGHBOURS nearest (distance, log)
+    pairs within _MAX_DISTANCE; None if there are none."""
+    scored = [(d, r) for d, r in sorted(scored)[:_NEIGHBOURS] if d <= _MAX_DISTANCE]
+    if not scored:
+        return None
+    weights = [math.exp(-0.5 * d * d) for d, _ in scored]
+    return math.exp(sum(w * r for w, (_, r) in zip(weights, scored)) / sum(weights))
 
 
 @dataclasses.dataclass(frozen=True)
