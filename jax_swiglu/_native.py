@@ -28,8 +28,8 @@ else:
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """One compiled tile configuration (a row of ffi/kernel_configs.h, which says what each
-    column means)."""
+    """One tile configuration: a row of ffi/kernel_configs.h, which says what each column
+    means (the extension's rows, or a row tuning data recorded from the build it measured)."""
 
     kernel: str
     id: int

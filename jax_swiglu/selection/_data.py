@@ -23,6 +23,7 @@ import json
 import math
 import os
 
+from .._native import KernelConfig
 from . import _model
 
 FORMAT = "jax_swiglu-tuning/1"
@@ -101,13 +102,14 @@ class TuningData:
                      math.log(us / predicted)))
         return table
 
-    def config(self, key: str):
-        """The config a key names, as a lightweight record (fields of ffi/kernel_configs.h)."""
+    def config(self, key: str) -> KernelConfig | None:
+        """The config a key names, as the data file records it (its id is the row in the build
+        that measured it, informative only: this build may not compile it)."""
         fields = self.configs.get(key)
         if fields is None:
             return None
-        known = {f.name for f in dataclasses.fields(_ConfigRecord)}
-        return _ConfigRecord(**{name: value for name, value in fields.items() if name in known})
+        known = {f.name for f in dataclasses.fields(KernelConfig)}
+        return KernelConfig(**{name: value for name, value in fields.items() if name in known})
 
     def correction(self, launch: str, dtype: str, m: int, n: int, k: int) -> float | None:
         """exp(weighted mean log(measured / model)) of ``launch`` near (m, n, k), or None when
@@ -168,40 +170,6 @@ def _nearest_geometric_mean(scored) -> float | None:
         return None
     weights = [math.exp(-0.5 * d * d) for d, _ in scored]
     return math.exp(sum(w * r for w, (_, r) in zip(weights, scored)) / sum(weights))
-
-
-@dataclasses.dataclass(frozen=True)
-class _ConfigRecord:
-    """A config as the data file records it (the fields _model reads)."""
-
-    kernel: str
-    schedule: str
-    m_side: str
-    tile_m: int
-    tile_n: int
-    tile_k: int
-    cluster_m: int
-    cluster_n: int
-    scheduler: str
-    store: str
-    m_bands: int = 1
-    id: int | None = None  # the row id in the build that measured it (informative only)
-    optional: bool = False
-
-    @property
-    def key(self) -> str:
-        from .._native import config_key
-        return config_key(self.kernel, self.schedule, self.m_side, self.tile_m, self.tile_n,
-                          self.tile_k, self.cluster_m, self.cluster_n, self.scheduler,
-                          self.store, self.m_bands)
-
-    @property
-    def splits_k(self) -> bool:
-        return self.scheduler == "stream-k"
-
-    @property
-    def m_multiple(self) -> int:
-        return self.m_bands * self.tile_m * self.cluster_m if self.m_bands > 1 else 1
 
 
 def data_path(device_kind: str) -> str:
