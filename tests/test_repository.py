@@ -59,3 +59,14 @@ def test_records_stay_lean():
                                     "tensor_parallel"])
 def test_benchmarks_import_as_a_package(module):
     __import__(f"benchmarks.{module}")
+
+
+@pytest.mark.parametrize("script", sorted(
+    str(p.relative_to(REPO)) for folder in ("scripts", "benchmarks")
+    for p in (REPO / folder).rglob("*.sh") if p.read_text().startswith("#!")))
+def test_scripts_run_from_the_repository_root(script):
+    # Their paths (ffi/, benchmarks/...) are relative to the root they cd to first; a script
+    # moved to another folder must change how far up it goes. (Sourced files have no #!.)
+    hops = re.search(r'cd "\$\(dirname "\$0"\)/([./]*)"', (REPO / script).read_text())
+    assert hops, f"{script} does not cd to the repository root"
+    assert ((REPO / script).parent / hops.group(1)).resolve() == REPO

@@ -7,7 +7,7 @@
 # PLAIN_IDS and FUSED_IDS (default "0 1") name the interleaved configs to time.
 #   OUT=dir IDLE_MS="0 30" bash benchmarks/research/gemm_probe/run.sh 2048 8192
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 OUT=${OUT:-$PWD/gemm_probe_out}
 BUILD=${BUILD:-$(mktemp -d)}
 PY=${PYTHON:-python3}

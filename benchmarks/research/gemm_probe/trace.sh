@@ -13,7 +13,7 @@
 # code ($OUT/trace-sass.txt.gz).
 #   OUT=dir TRACED="6 6:other-store 6:skip" bash benchmarks/research/gemm_probe/trace.sh qwen2.5-0.5b:2048
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 OUT=${OUT:-$PWD/trace_out}
 BUILD=${BUILD:-$(mktemp -d)}
 PY=${PYTHON:-python3}
