@@ -9,12 +9,15 @@ Writes benchmarks/results/<gpu>/<date>-<suite>.json after every row (a cut-short
 its rows), then .md and .png through report.py, which regenerates both from a saved JSON.
 
 Every row times, side by side in one run, on the same inputs:
-  xla        SiLU(x @ Wg) * (x @ Wu) in plain XLA on separate weights      (the reference)
+  xla        act(x @ Wg) * (x @ Wu) in plain XLA on separate weights       (the reference)
   gemm       the bare [M, K] x [K, 2N] GEMM, no activation: what cuBLAS alone costs
   auto       jax_swiglu.swiglu, the launch the selection picks
   tokamax    tokamax.gated_linear_unit (Pallas Mosaic GPU), where it installs and accepts
              the shape (what it refuses is recorded as the row's result)
   torch      PyTorch eager, F.silu(x @ wg) * (x @ wu), and the same replayed as a CUDA graph
+  auto_silu  with --activation gelu_tanh (GeGLU; act is SiLU otherwise): the same call with
+             SiLU, so the row shows what the activation costs (the peers compute SwiGLU only
+             and are skipped then)
 GPU time: CUPTI for the JAX variants (jax.experimental.mosaic.gpu.profiler: the sum of a
 call's kernel times), CUDA events around the calls for PyTorch (launch gaps included, as
 eager runs). Medians over interleaved rounds, each call over a rotation of distinct
@@ -60,23 +63,31 @@ ROUNDS = 3
 
 # --- the variants: f(x, weights) with weights = (w_gate, w_up, stacked, packed) ------------
 
-def xla_separate(x, w):
-    return jax.nn.silu(x @ w[0]) * (x @ w[1])
+def xla_separate(activation="silu"):
+    act = jax_swiglu.ACTIVATIONS[activation]
+
+    def run(x, w):
+        return act(x @ w[0]) * (x @ w[1])
+    return run
 
 
 def gemm_only(x, w):
     return x @ w[2]
 
 
-def fused(kernel="auto"):
+def fused(kernel="auto", activation="silu"):
     def run(x, w):
-        return jax_swiglu.swiglu(x, w[3], kernel=kernel)
+        return jax_swiglu.swiglu(x, w[3], kernel=kernel, activation=activation)
     run.__name__ = kernel
     return run
 
 
-def variants() -> dict:
-    return {"xla": xla_separate, "gemm": gemm_only, "auto": fused("auto")}
+def variants(activation="silu") -> dict:
+    named = {"xla": xla_separate(activation), "gemm": gemm_only,
+             "auto": fused("auto", activation)}
+    if activation != "silu":
+        named["auto_silu"] = fused("auto")
+    return named
 
 
 # --- measurement --------------------------------------------------------------------------
@@ -156,11 +167,11 @@ def make_rotation(key, m, k, n):
     return _make_sets(key, m, k, n, count)
 
 
-def _check(sets, fn):
+def _check(sets, fn, activation="silu"):
     """Relative Frobenius error of fn against the reference on the first set."""
     x, w = sets[0]
     y = jax.jit(fn)(x, w).astype(jnp.float32)
-    r = jax_swiglu.swiglu_reference(x, w[0], w[1]).astype(jnp.float32)
+    r = jax_swiglu.swiglu_reference(x, w[0], w[1], activation=activation).astype(jnp.float32)
     return float(jnp.linalg.norm(y - r) / jnp.linalg.norm(r))
 
 
@@ -170,7 +181,7 @@ def flops(model, m):
     return 2 * m * k * 2 * n
 
 
-def bench_one(model, m, iterations, key, rounds=ROUNDS, with_peers=True):
+def bench_one(model, m, iterations, key, rounds=ROUNDS, with_peers=True, activation="silu"):
     k, n = _shapes.mlp_shape(model)
     sets = make_rotation(key, m, k, n)
     count = len(sets)
@@ -179,7 +190,8 @@ def bench_one(model, m, iterations, key, rounds=ROUNDS, with_peers=True):
     row = {"model": model, "m": m, "k": k, "n": n, "rotation_sets": count,
            "flops": flops(model, m), "weight_bytes": 2 * k * 2 * n,
            "gpu_us": {}, "wall_us": {}, "rel_err": {}, "unsupported": {}}
-    named = variants()
+    named = variants(activation)
+    with_peers = with_peers and activation == "silu"
     if with_peers:
         tokamax = peers.tokamax_variant()
         if isinstance(tokamax, str):
@@ -197,7 +209,8 @@ def bench_one(model, m, iterations, key, rounds=ROUNDS, with_peers=True):
         row["gpu_us"][name] = gpu_ms[name] * 1e3 / count
         row["wall_us"][name] = wall_ms[name] * 1e3 / count
         if name != "gemm":
-            row["rel_err"][name] = _check(sets, variant)
+            row["rel_err"][name] = _check(sets, variant,
+                                          "silu" if name == "auto_silu" else activation)
     if with_peers:
         torch_us = peers.torch_times_us(sets, iterations)
         if isinstance(torch_us, str):
@@ -205,7 +218,7 @@ def bench_one(model, m, iterations, key, rounds=ROUNDS, with_peers=True):
         else:
             row["events_us"] = torch_us
     x0 = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
-    row["auto_choice"] = jax_swiglu.explain(x0, ws[0][3])
+    row["auto_choice"] = jax_swiglu.explain(x0, ws[0][3], activation=activation)
     return row
 
 
@@ -276,6 +289,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="interleaved rounds: each times every variant in turn")
     parser.add_argument("--no-peers", action="store_true", help="skip tokamax and PyTorch")
+    parser.add_argument("--activation", choices=tuple(jax_swiglu.ACTIVATIONS), default="silu",
+                        help="the gate's activation of xla and auto (gelu_tanh adds auto_silu)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no new row after this many seconds")
     parser.add_argument("--out-dir", default=None, help="default: benchmarks/results/<gpu>/")
@@ -305,7 +320,8 @@ def main(argv=None):
     os.makedirs(out_dir, exist_ok=True)
     stem = output_stem(out_dir, env["date"][:10], tag)
 
-    result = {"suite": suite, "environment": env, "iterations": args.iterations,
+    result = {"suite": suite, "activation": args.activation, "environment": env,
+              "iterations": args.iterations,
               "rounds": args.rounds, "notes": args.note, "complete": False,
               "peak_tflops": measure_peak_tflops(), "copy_tb_per_s": measure_copy_tb_per_s(),
               "peers": peers.versions(), "rows": []}
@@ -320,7 +336,7 @@ def main(argv=None):
             break
         began = time.perf_counter()
         row = bench_one(model, m, args.iterations, jax.random.fold_in(key, i), args.rounds,
-                        with_peers=not args.no_peers)
+                        with_peers=not args.no_peers, activation=args.activation)
         result["rows"].append(row)
         result["complete"] = i + 1 == len(rows)
         with open(stem + ".json", "w") as f:  # after every row: a cut-short run keeps its data

@@ -22,7 +22,9 @@ import re
 import sys
 
 GENERATED = "<!-- written by benchmarks/report.py from {json}; regenerate, do not edit -->"
-PEERS = ("tokamax", "torch_eager", "torch_graph")
+# Columns beside xla, gemm and auto, where a run has them: the peers, and auto with SiLU in a
+# run of another activation (bench_swiglu.py --activation).
+PEERS = ("tokamax", "torch_eager", "torch_graph", "auto_silu")
 
 # Prefill targets, on the Qwen2.5 shapes (ratios of GPU times; xla = the reference).
 MIN_SPEEDUP_EVERY = 0.98        # P1: xla/auto on every row
@@ -255,6 +257,9 @@ def benchmark_markdown(result) -> str:
         "CUPTI for XLA, the GEMM, auto and tokamax; CUDA events for PyTorch (eager, and a "
         "replayed CUDA graph).",
     ]
+    if result.get("activation", "silu") != "silu":
+        lines.append(f"Activation {result['activation']}: xla and auto compute it; auto_silu is "
+                     "auto with SiLU, for what the activation costs.")
     if result.get("complete") is False:
         lines.append(f"**Cut short**: {len(rows)} rows recorded.")
     lines += ["", "| model | M | xla | gemm | auto | " + "".join(f"{p} | " for p in peers)

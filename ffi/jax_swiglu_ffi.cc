@@ -1,5 +1,6 @@
-// XLA FFI handlers for the fused SwiGLU kernels and the nanobind module that hands them
-// to Python (jax_swiglu/_native.py registers every capsule in `registrations()`).
+// XLA FFI handlers for the fused gated-MLP kernels and the nanobind module that hands them
+// to Python (jax_swiglu/_native.py registers every capsule in `registrations()`). One
+// target per (kernel family, activation, dtype); its name says all three.
 //
 // Handlers are typed, take the stream from PlatformStream<cudaStream_t>, validate
 // everything they are given, and report problems as ffi::Error values: they never throw,
@@ -54,20 +55,22 @@ std::string DispatchConfig(const char* kernel, int64_t config, Launch&& launch) 
 // error message for an unknown id), over each one's config table.
 struct Interleaved {
   static constexpr const char* kName = "interleaved";
-  template <class ElementTag>
+  template <class ElementTag, Activation kActivation>
   static std::string Launch(int64_t config, const SwigluProblem& problem,
                             const DeviceFacts& device, cudaStream_t stream) {
     return DispatchConfig<0, JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS, kInterleavedConfigs>(
         kName, config, [&](auto id) {
-      return LaunchInterleaved<decltype(id)::value, ElementTag>(problem, device, stream);
+      return LaunchInterleaved<decltype(id)::value, ElementTag, kActivation>(problem, device,
+                                                                             stream);
     });
   }
-  template <class ElementTag>
+  template <class ElementTag, Activation kActivation>
   static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
                                     const DeviceFacts& device, size_t* bytes) {
     return DispatchConfig<0, JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS, kInterleavedConfigs>(
         kName, config, [&](auto id) {
-      *bytes = InterleavedWorkspaceBytes<decltype(id)::value, ElementTag>(problem, device);
+      *bytes = InterleavedWorkspaceBytes<decltype(id)::value, ElementTag, kActivation>(problem,
+                                                                                      device);
       return std::string();
     });
   }
@@ -75,24 +78,39 @@ struct Interleaved {
 
 struct Pingpong {
   static constexpr const char* kName = "pingpong";
-  template <class ElementTag>
+  template <class ElementTag, Activation kActivation>
   static std::string Launch(int64_t config, const SwigluProblem& problem,
                             const DeviceFacts& device, cudaStream_t stream) {
     return DispatchConfig<0, JAX_SWIGLU_NUM_PINGPONG_CONFIGS, kPingpongConfigs>(
         kName, config, [&](auto id) {
-      return LaunchPingpong<decltype(id)::value, ElementTag>(problem, device, stream);
+      return LaunchPingpong<decltype(id)::value, ElementTag, kActivation>(problem, device,
+                                                                          stream);
     });
   }
-  template <class ElementTag>
+  template <class ElementTag, Activation kActivation>
   static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
                                     const DeviceFacts& device, size_t* bytes) {
     return DispatchConfig<0, JAX_SWIGLU_NUM_PINGPONG_CONFIGS, kPingpongConfigs>(
         kName, config, [&](auto id) {
-      *bytes = PingpongWorkspaceBytes<decltype(id)::value, ElementTag>(problem, device);
+      *bytes = PingpongWorkspaceBytes<decltype(id)::value, ElementTag, kActivation>(problem,
+                                                                                   device);
       return std::string();
     });
   }
 };
+
+// A call of `f(std::integral_constant<Activation, a>)` for the activation named `name`
+// (kernel_configs.h's names), or an error message.
+template <class F>
+std::string WithActivation(const std::string& name, F&& f) {
+#define JAX_SWIGLU_ACTIVATION_CASE(activation, activation_name)                      \
+  if (name == activation_name) {                                                     \
+    return f(std::integral_constant<Activation, Activation::activation>{});          \
+  }
+  JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_ACTIVATION_CASE)
+#undef JAX_SWIGLU_ACTIVATION_CASE
+  return "unknown activation " + name;
+}
 
 template <class Dimensions>
 std::string Dims(Dimensions dims) {
@@ -145,7 +163,7 @@ constexpr int64_t kMaxSplits = 16;
 
 // `workspace`: present where the config needs one (the lowering sizes it with
 // workspace_bytes below); the launcher checks that it is large enough.
-template <class Family, ffi::DataType T>
+template <class Family, Activation kActivation, ffi::DataType T>
 ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
                   ffi::Result<ffi::Buffer<T>> out,
                   std::optional<ffi::Result<ffi::AnyBuffer>> workspace, int64_t config,
@@ -173,7 +191,8 @@ ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
   if (problem.m == 0) return ffi::Error::Success();  // nothing to write
   DeviceFacts device;
   if (ffi::Error err = CheckDevice(&device); err.failure()) return err;
-  std::string err = Family::template Launch<ElementTagFor<T>>(config, problem, device, stream);
+  std::string err =
+      Family::template Launch<ElementTagFor<T>, kActivation>(config, problem, device, stream);
   if (!err.empty()) return ffi::Error::Internal("jax_swiglu: " + err);
   return ffi::Error::Success();
 }
@@ -181,24 +200,33 @@ ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
 }  // namespace
 }  // namespace jax_swiglu
 
-#define JAX_SWIGLU_DEFINE_HANDLER(symbol, family, dtype)                         \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, (jax_swiglu::Swiglu<family, dtype>),    \
-                                ffi::Ffi::Bind()                                \
-                                    .Ctx<ffi::PlatformStream<cudaStream_t>>()   \
-                                    .Arg<ffi::Buffer<dtype>>()                  \
-                                    .Arg<ffi::Buffer<dtype>>()                  \
-                                    .Ret<ffi::Buffer<dtype>>()                  \
-                                    .OptionalRet<ffi::AnyBuffer>()              \
-                                    .Attr<int64_t>("config")                    \
-                                    .Attr<int64_t>("swizzle")                   \
-                                    .Attr<int64_t>("raster")                    \
-                                    .Attr<int64_t>("splits"),                   \
-                                {ffi::Traits::kCmdBufferCompatible})
+#define JAX_SWIGLU_DEFINE_HANDLER(symbol, family, activation, dtype)                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                         \
+      symbol, (jax_swiglu::Swiglu<family, jax_swiglu::Activation::activation, dtype>),  \
+      ffi::Ffi::Bind()                                                                   \
+          .Ctx<ffi::PlatformStream<cudaStream_t>>()                                      \
+          .Arg<ffi::Buffer<dtype>>()                                                     \
+          .Arg<ffi::Buffer<dtype>>()                                                     \
+          .Ret<ffi::Buffer<dtype>>()                                                     \
+          .OptionalRet<ffi::AnyBuffer>()                                                 \
+          .Attr<int64_t>("config")                                                       \
+          .Attr<int64_t>("swizzle")                                                      \
+          .Attr<int64_t>("raster")                                                       \
+          .Attr<int64_t>("splits"),                                                      \
+      {ffi::Traits::kCmdBufferCompatible})
 
-JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleavedBf16, jax_swiglu::Interleaved, ffi::DataType::BF16);
-JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleavedF16, jax_swiglu::Interleaved, ffi::DataType::F16);
-JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluPingpongBf16, jax_swiglu::Pingpong, ffi::DataType::BF16);
-JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluPingpongF16, jax_swiglu::Pingpong, ffi::DataType::F16);
+// Every (family, dtype) handler of one activation.
+#define JAX_SWIGLU_DEFINE_HANDLERS(activation, name)                                      \
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleaved##activation##Bf16, jax_swiglu::Interleaved, \
+                            activation, ffi::DataType::BF16);                              \
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleaved##activation##F16, jax_swiglu::Interleaved,  \
+                            activation, ffi::DataType::F16);                               \
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluPingpong##activation##Bf16, jax_swiglu::Pingpong,       \
+                            activation, ffi::DataType::BF16);                              \
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluPingpong##activation##F16, jax_swiglu::Pingpong,        \
+                            activation, ffi::DataType::F16);
+JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_DEFINE_HANDLERS)
+#undef JAX_SWIGLU_DEFINE_HANDLERS
 
 namespace {
 
@@ -217,47 +245,62 @@ const char* SchedulerName(jax_swiglu::TileScheduler s) {
   }
 }
 
-// Every FFI target: its name (which says what runs), the kernel and dtype it runs, and
-// its handler. The one list that both functions below read.
+// Every FFI target: its name (which says what runs), the kernel, activation and dtype it
+// runs, and its handler. The one list that both functions below read.
 struct Target {
   const char* name;
   const char* kernel;
+  const char* activation;
   const char* dtype;
   XLA_FFI_Error* (*handler)(XLA_FFI_CallFrame*);
 };
-const Target kTargets[] = {
-    {"jax_swiglu_interleaved_bf16", "interleaved", "bfloat16", JaxSwigluInterleavedBf16},
-    {"jax_swiglu_interleaved_f16", "interleaved", "float16", JaxSwigluInterleavedF16},
-    {"jax_swiglu_pingpong_bf16", "pingpong", "bfloat16", JaxSwigluPingpongBf16},
-    {"jax_swiglu_pingpong_f16", "pingpong", "float16", JaxSwigluPingpongF16},
-};
+#define JAX_SWIGLU_TARGETS(activation, name)                                               \
+  {"jax_swiglu_interleaved_" name "_bf16", "interleaved", name, "bfloat16",                \
+   JaxSwigluInterleaved##activation##Bf16},                                                \
+      {"jax_swiglu_interleaved_" name "_f16", "interleaved", name, "float16",              \
+       JaxSwigluInterleaved##activation##F16},                                             \
+      {"jax_swiglu_pingpong_" name "_bf16", "pingpong", name, "bfloat16",                  \
+       JaxSwigluPingpong##activation##Bf16},                                               \
+      {"jax_swiglu_pingpong_" name "_f16", "pingpong", name, "float16",                    \
+       JaxSwigluPingpong##activation##F16},
+const Target kTargets[] = {JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_TARGETS)};
+#undef JAX_SWIGLU_TARGETS
 
-// A family's workspace size for a dtype given by name ("" or an error message).
+// A family's workspace size for an activation and dtype given by name ("" or an error
+// message).
 template <class Family>
-std::string WorkspaceBytes(const std::string& dtype, int64_t config,
-                           const jax_swiglu::SwigluProblem& problem,
+std::string WorkspaceBytes(const std::string& activation, const std::string& dtype,
+                           int64_t config, const jax_swiglu::SwigluProblem& problem,
                            const jax_swiglu::DeviceFacts& device, size_t* bytes) {
-  if (dtype == "bfloat16") {
-    return Family::template WorkspaceBytes<jax_swiglu::BF16>(config, problem, device, bytes);
-  }
-  if (dtype == "float16") {
-    return Family::template WorkspaceBytes<jax_swiglu::F16>(config, problem, device, bytes);
-  }
-  return "unknown dtype " + dtype;
+  return jax_swiglu::WithActivation(activation, [&](auto act) -> std::string {
+    if (dtype == "bfloat16") {
+      return Family::template WorkspaceBytes<jax_swiglu::BF16, decltype(act)::value>(
+          config, problem, device, bytes);
+    }
+    if (dtype == "float16") {
+      return Family::template WorkspaceBytes<jax_swiglu::F16, decltype(act)::value>(
+          config, problem, device, bytes);
+    }
+    return "unknown dtype " + dtype;
+  });
 }
 
-// A family's launch for a dtype given by name ("" or an error message).
+// A family's launch for an activation and dtype given by name ("" or an error message).
 template <class Family>
-std::string LaunchByName(const std::string& dtype, int64_t config,
-                         const jax_swiglu::SwigluProblem& problem,
+std::string LaunchByName(const std::string& activation, const std::string& dtype,
+                         int64_t config, const jax_swiglu::SwigluProblem& problem,
                          const jax_swiglu::DeviceFacts& device, cudaStream_t stream) {
-  if (dtype == "bfloat16") {
-    return Family::template Launch<jax_swiglu::BF16>(config, problem, device, stream);
-  }
-  if (dtype == "float16") {
-    return Family::template Launch<jax_swiglu::F16>(config, problem, device, stream);
-  }
-  return "unknown dtype " + dtype;
+  return jax_swiglu::WithActivation(activation, [&](auto act) -> std::string {
+    if (dtype == "bfloat16") {
+      return Family::template Launch<jax_swiglu::BF16, decltype(act)::value>(config, problem,
+                                                                              device, stream);
+    }
+    if (dtype == "float16") {
+      return Family::template Launch<jax_swiglu::F16, decltype(act)::value>(config, problem,
+                                                                             device, stream);
+    }
+    return "unknown dtype " + dtype;
+  });
 }
 
 void CheckDimensions(int64_t m, int64_t k, int64_t n_packed) {
@@ -279,13 +322,15 @@ NB_MODULE(_kernels, m) {
     return d;
   });
 
-  // (name, kernel, dtype) of every target, so Python never spells a target name itself.
+  // (name, kernel, activation, dtype) of every target, so Python never spells a target
+  // name itself.
   m.def("targets", []() {
     nb::list l;
     for (const Target& t : kTargets) {
       nb::dict d;
       d["name"] = t.name;
       d["kernel"] = t.kernel;
+      d["activation"] = t.activation;
       d["dtype"] = t.dtype;
       l.append(d);
     }
@@ -324,9 +369,9 @@ NB_MODULE(_kernels, m) {
   // depends on it); the handler rechecks the size against the GPU it runs on.
   m.def(
       "workspace_bytes",
-      [](const std::string& kernel, const std::string& dtype, int64_t config, int64_t m,
-         int64_t n, int64_t n_packed, int64_t k, int64_t swizzle, int64_t raster,
-         int64_t splits, int sm_count) -> size_t {
+      [](const std::string& kernel, const std::string& activation, const std::string& dtype,
+         int64_t config, int64_t m, int64_t n, int64_t n_packed, int64_t k, int64_t swizzle,
+         int64_t raster, int64_t splits, int sm_count) -> size_t {
         CheckDimensions(m, k, n_packed);
         if (m <= 0) return size_t(0);  // the handler launches nothing
         jax_swiglu::SwigluProblem problem{nullptr, nullptr, nullptr, m,
@@ -335,18 +380,18 @@ NB_MODULE(_kernels, m) {
         jax_swiglu::DeviceFacts device{0, sm_count, 9, 0};
         size_t bytes = 0;
         std::string err = kernel == jax_swiglu::Interleaved::kName
-                              ? WorkspaceBytes<jax_swiglu::Interleaved>(dtype, config, problem,
-                                                                        device, &bytes)
+                              ? WorkspaceBytes<jax_swiglu::Interleaved>(activation, dtype, config,
+                                                                        problem, device, &bytes)
                           : kernel == jax_swiglu::Pingpong::kName
-                              ? WorkspaceBytes<jax_swiglu::Pingpong>(dtype, config, problem,
-                                                                     device, &bytes)
+                              ? WorkspaceBytes<jax_swiglu::Pingpong>(activation, dtype, config,
+                                                                     problem, device, &bytes)
                               : "unknown kernel " + kernel;
         if (!err.empty()) throw std::invalid_argument("jax_swiglu: " + err);
         return bytes;
       },
-      nb::arg("kernel"), nb::arg("dtype"), nb::arg("config"), nb::arg("m"), nb::arg("n"),
-      nb::arg("n_packed"), nb::arg("k"), nb::arg("swizzle"), nb::arg("raster"),
-      nb::arg("splits"), nb::arg("sm_count"));
+      nb::arg("kernel"), nb::arg("activation"), nb::arg("dtype"), nb::arg("config"),
+      nb::arg("m"), nb::arg("n"), nb::arg("n_packed"), nb::arg("k"), nb::arg("swizzle"),
+      nb::arg("raster"), nb::arg("splits"), nb::arg("sm_count"));
 
   // Per-launch GPU times (microseconds) of `samples` replays of a CUDA graph of `calls`
   // launches of one config, launch i reading input set i % len(xs) (device pointers the
@@ -355,9 +400,9 @@ NB_MODULE(_kernels, m) {
   // (ffi/timing.h); raises RuntimeError on a failure.
   m.def(
       "time_launches",
-      [](const std::string& kernel, const std::string& dtype, int64_t config, int64_t m,
-         int64_t n, int64_t n_packed, int64_t k, int64_t swizzle, int64_t raster, int64_t splits,
-         const std::vector<uintptr_t>& xs, const std::vector<uintptr_t>& packed, uintptr_t out,
+      [](const std::string& kernel, const std::string& activation, const std::string& dtype,
+         int64_t config, int64_t m, int64_t n, int64_t n_packed, int64_t k, int64_t swizzle,
+         int64_t raster, int64_t splits, const std::vector<uintptr_t>& xs, const std::vector<uintptr_t>& packed, uintptr_t out,
          uintptr_t workspace, size_t workspace_bytes, int calls, int samples) {
         CheckDimensions(m, k, n_packed);
         if (xs.empty() || xs.size() != packed.size() || m <= 0) {
@@ -384,9 +429,11 @@ NB_MODULE(_kernels, m) {
                                             static_cast<int>(splits),
                                             reinterpret_cast<void*>(workspace), workspace_bytes};
           return kernel == jax_swiglu::Interleaved::kName
-                     ? LaunchByName<jax_swiglu::Interleaved>(dtype, config, problem, device, stream)
+                     ? LaunchByName<jax_swiglu::Interleaved>(activation, dtype, config, problem,
+                                                             device, stream)
                  : kernel == jax_swiglu::Pingpong::kName
-                     ? LaunchByName<jax_swiglu::Pingpong>(dtype, config, problem, device, stream)
+                     ? LaunchByName<jax_swiglu::Pingpong>(activation, dtype, config, problem,
+                                                          device, stream)
                      : "unknown kernel " + kernel;
         };
         std::vector<double> microseconds;
@@ -399,9 +446,9 @@ NB_MODULE(_kernels, m) {
         if (!err.empty()) throw std::runtime_error("jax_swiglu: " + err);
         return microseconds;
       },
-      nb::arg("kernel"), nb::arg("dtype"), nb::arg("config"), nb::arg("m"), nb::arg("n"),
-      nb::arg("n_packed"), nb::arg("k"), nb::arg("swizzle"), nb::arg("raster"),
-      nb::arg("splits"), nb::arg("xs"), nb::arg("packed"), nb::arg("out"), nb::arg("workspace"),
+      nb::arg("kernel"), nb::arg("activation"), nb::arg("dtype"), nb::arg("config"),
+      nb::arg("m"), nb::arg("n"), nb::arg("n_packed"), nb::arg("k"), nb::arg("swizzle"),
+      nb::arg("raster"), nb::arg("splits"), nb::arg("xs"), nb::arg("packed"), nb::arg("out"), nb::arg("workspace"),
       nb::arg("workspace_bytes"), nb::arg("calls"), nb::arg("samples"));
 
   // The current CUDA device's facts the selection reads (zeros when there is no GPU).
@@ -431,4 +478,13 @@ NB_MODULE(_kernels, m) {
   });
 
   m.attr("gate_up_block") = jax_swiglu::kGateUpBlock;
+
+  // The activations every kernel is compiled for (kernel_configs.h), by name.
+  m.def("activations", []() {
+    nb::list l;
+#define JAX_SWIGLU_ACTIVATION_NAME(activation, name) l.append(name);
+    JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_ACTIVATION_NAME)
+#undef JAX_SWIGLU_ACTIVATION_NAME
+    return l;
+  });
 }

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernel_configs.h"
+
 namespace jax_swiglu {
 
 // Element types the kernels are instantiated for (tags, so this header needs no CUDA
@@ -15,7 +17,8 @@ namespace jax_swiglu {
 struct BF16 {};
 struct F16 {};
 
-// One fused SwiGLU call: out[M, N] = SiLU(x @ W_gate) * (x @ W_up), all row-major.
+// One fused gated-MLP call: out[M, N] = act(x @ W_gate) * (x @ W_up), all row-major, with
+// act the launcher's Activation (SiLU for SwiGLU, GELU's tanh form for GeGLU).
 struct SwigluProblem {
   const void* x;       // [m, k]
   const void* packed;  // [k, 2 * n_packed], layout of jax_swiglu/_layout.py
@@ -46,21 +49,22 @@ struct DeviceFacts {
   int cc_minor;
 };
 
-// Launches one configuration of the interleaved kernel on `stream` (on `device`).
-// Returns an empty string on success, otherwise a message that says what was wrong.
-// Never synchronizes and never allocates, so it is safe inside CUDA graph capture.
-template <int ConfigId, class Element>
+// Launches one configuration of the interleaved kernel, with the gate activation
+// `kActivation`, on `stream` (on `device`). Returns an empty string on success, otherwise a
+// message that says what was wrong. Never synchronizes and never allocates, so it is safe
+// inside CUDA graph capture.
+template <int ConfigId, class Element, Activation kActivation>
 std::string LaunchInterleaved(const SwigluProblem& problem, const DeviceFacts& device,
                               cudaStream_t stream);
 // The same for the pingpong (gate-then-up) kernel.
-template <int ConfigId, class Element>
+template <int ConfigId, class Element, Activation kActivation>
 std::string LaunchPingpong(const SwigluProblem& problem, const DeviceFacts& device,
                            cudaStream_t stream);
 // Bytes of workspace a launch of that configuration on `problem` (its shapes and tile
 // order; pointers unused) needs on a GPU with `device.sm_count` SMs; 0 for most.
-template <int ConfigId, class Element>
+template <int ConfigId, class Element, Activation kActivation>
 size_t InterleavedWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
-template <int ConfigId, class Element>
+template <int ConfigId, class Element, Activation kActivation>
 size_t PingpongWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
 // Fills `facts` for the current device; returns an error message or "".
 std::string CurrentDeviceFacts(DeviceFacts* facts);

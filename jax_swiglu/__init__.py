@@ -2,6 +2,7 @@
 
     packed = jax_swiglu.pack_weights(w_gate, w_up)      # once, at load time
     y = jax_swiglu.swiglu(x, packed)                    # SiLU(x @ Wg) * (x @ Wu)
+    y = jax_swiglu.swiglu(x, packed, activation="gelu_tanh")  # GeGLU (Gemma)
     out = jax_swiglu.fused_mlp(x, packed, w_down)       # ... @ W_down
 
 Works inside ``jax.jit``; on CUDA the lowering runs the fused CUTLASS kernel the selection
@@ -9,24 +10,27 @@ picks for the call's shapes (``explain`` says which and why), elsewhere the XLA 
 ``autotune`` measures the candidates for your shapes on your GPU. Inference only.
 """
 
+from . import convert
 from ._api import explain, fused_mlp, swiglu
 from ._autotune import autotune
 from ._layout import GATE_UP_BLOCK, PackedWeights, pack_weights, unpack_weights
 from ._native import kernel_configs, kernels_available, unavailable_reason
 from ._primitive import swiglu_p
-from ._reference import swiglu_reference
+from ._reference import ACTIVATIONS, swiglu_reference
 from ._shapes import PUBLIC_MLPS, QWEN25_MLPS
 from .selection import KERNELS
 
 __version__ = "0.2.0"
 
 __all__ = [
+    "ACTIVATIONS",
     "GATE_UP_BLOCK",
     "KERNELS",
     "PUBLIC_MLPS",
     "PackedWeights",
     "QWEN25_MLPS",
     "autotune",
+    "convert",
     "explain",
     "fused_mlp",
     "kernel_configs",

@@ -7,7 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import _layout, selection
+from . import _layout, _reference, selection
 from ._primitive import swiglu_p
 
 
@@ -28,8 +28,9 @@ def _check_x(x, packed: _layout.PackedWeights):
             f"x has K={x.shape[-1]} (shape {tuple(x.shape)}) but the weights have K={packed.k}")
 
 
-def swiglu(x, packed, *, kernel: str = "auto"):
-    """``SiLU(x @ W_gate) * (x @ W_up)`` as one fused kernel (inference only).
+def swiglu(x, packed, *, kernel: str = "auto", activation: str = "silu"):
+    """``act(x @ W_gate) * (x @ W_up)`` as one fused kernel (inference only): SwiGLU with
+    ``activation="silu"`` (the default), GeGLU with ``"gelu_tanh"``.
 
     Args:
       x: ``[..., K]`` bfloat16 or float16; leading dimensions are folded into M. A rank-1
@@ -38,10 +39,12 @@ def swiglu(x, packed, *, kernel: str = "auto"):
       kernel: ``"auto"`` (the selection: autotune cache, tuning data, heuristic; see
         :func:`explain`), ``"interleaved"``, ``"pingpong"`` or ``"xla"`` (the plain XLA
         path). ``JAX_SWIGLU_KERNEL`` sets the same globally.
+      activation: the gate's activation ``act``: ``"silu"`` (Llama, Qwen, Mistral, ...) or
+        ``"gelu_tanh"`` (Gemma: ``jax.nn.gelu(g, approximate=True)``).
 
     Returns:
-      ``[..., N]`` in ``x.dtype``: products accumulated in fp32, SiLU and product in fp32,
-      rounded once.
+      ``[..., N]`` in ``x.dtype``: products accumulated in fp32, activation and product in
+      fp32, rounded once.
 
     Sharded operands (``jax.jit`` with shardings, or the local blocks inside
     ``jax.shard_map``): each device runs the kernel on its own block. Tokens may be sharded,
@@ -51,16 +54,19 @@ def swiglu(x, packed, *, kernel: str = "auto"):
     packed = _layout.as_packed(packed, "packed")
     _check_x(x, packed)
     selection.check_kernel_name(kernel)
+    _reference.check_activation(activation)
     lead = x.shape[:-1]
     m = math.prod(lead)
     if m == 0:
         return jnp.zeros((*lead, packed.n), x.dtype)
-    y = swiglu_p.bind(x.reshape(m, packed.k), packed.data, n=packed.n, kernel=kernel)
+    y = swiglu_p.bind(x.reshape(m, packed.k), packed.data, n=packed.n, kernel=kernel,
+                      activation=activation)
     return y.reshape(*lead, packed.n)
 
 
-def fused_mlp(x, packed, w_down, *, kernel: str = "auto", reduce_dtype=None):
-    """A whole SwiGLU MLP block: ``(SiLU(x @ W_gate) * (x @ W_up)) @ W_down``.
+def fused_mlp(x, packed, w_down, *, kernel: str = "auto", activation: str = "silu",
+              reduce_dtype=None):
+    """A whole gated MLP block: ``(act(x @ W_gate) * (x @ W_up)) @ W_down``.
 
     The gated part is :func:`swiglu`; the down projection is a plain XLA dot. With the
     Megatron layout (packed weights sharded along N, ``w_down`` along its rows, the same
@@ -70,7 +76,7 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", reduce_dtype=None):
       x: ``[..., K]``.
       packed: :class:`PackedWeights` (``K -> N``).
       w_down: ``[N, K_out]``, same dtype as ``x``.
-      kernel: as in :func:`swiglu`.
+      kernel, activation: as in :func:`swiglu`.
       reduce_dtype: ``None`` (x's dtype) or ``jnp.float32``: the dtype of the down
         projection's result before the cast to x's dtype, so under row parallelism the
         dtype of the partial sums that the all-reduce adds. x's dtype, as a plain XLA model
@@ -90,7 +96,7 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", reduce_dtype=None):
     if reduce_dtype not in (jnp.dtype(jnp.float32), jnp.dtype(x.dtype)):
         raise TypeError(f"reduce_dtype must be None (x's dtype, {x.dtype}) or float32, got "
                         f"{reduce_dtype}")
-    y = swiglu(x, packed, kernel=kernel)
+    y = swiglu(x, packed, kernel=kernel, activation=activation)
     out = jnp.matmul(y, w_down, preferred_element_type=reduce_dtype,
                      out_sharding=_down_projection_sharding(y, w_down))
     return out.astype(x.dtype)
@@ -116,7 +122,8 @@ def _padded_spec(sharding, ndim: int) -> tuple:
     return spec + (None,) * (ndim - len(spec))
 
 
-def explain(x, packed, *, kernel: str = "auto", platform: str | None = None) -> str:
+def explain(x, packed, *, kernel: str = "auto", activation: str = "silu",
+            platform: str | None = None) -> str:
     """Which kernel a call with these shapes would run, and why, without running it.
 
     ``x`` may be an array or a ``jax.ShapeDtypeStruct``; ``platform`` defaults to the
@@ -125,8 +132,11 @@ def explain(x, packed, *, kernel: str = "auto", platform: str | None = None) -> 
     """
     packed = _layout.as_packed(packed, "packed")
     _check_x(x, packed)
+    _reference.check_activation(activation)
     platform = platform or jax.default_backend()
     platform = "cuda" if platform == "gpu" else platform
     m = math.prod(x.shape[:-1])
-    choice = selection.choose(m, packed.n, packed.k, x.dtype, kernel=kernel, platform=platform)
-    return f"M={m} N={packed.n} K={packed.k} {x.dtype} on {platform}: {choice.describe()}"
+    choice = selection.choose(m, packed.n, packed.k, x.dtype, kernel=kernel, platform=platform,
+                              activation=activation)
+    return (f"M={m} N={packed.n} K={packed.k} {x.dtype} {activation} on {platform}: "
+            f"{choice.describe()}")

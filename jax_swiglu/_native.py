@@ -98,11 +98,17 @@ def unavailable_reason() -> str | None:
 
 
 @functools.cache
-def targets() -> dict[tuple[str, str], str]:
-    """``(kernel, dtype name) -> FFI target name``, as the extension defines them."""
+def targets() -> dict[tuple[str, str, str], str]:
+    """``(kernel, activation, dtype name) -> FFI target name``, as the extension defines them."""
     if _kernels is None:
         return {}
-    return {(t["kernel"], t["dtype"]): t["name"] for t in _kernels.targets()}
+    return {(t["kernel"], t["activation"], t["dtype"]): t["name"] for t in _kernels.targets()}
+
+
+@functools.cache
+def activations() -> tuple[str, ...]:
+    """The activations the extension's kernels are compiled for (empty without it)."""
+    return () if _kernels is None else tuple(_kernels.activations())
 
 
 @functools.cache
@@ -130,7 +136,8 @@ def device_facts() -> dict:
 
 
 def workspace_bytes(kernel: str, dtype: str, config: int, *, m: int, n: int, n_packed: int,
-                    k: int, swizzle: int, raster: int, splits: int = 1) -> int:
+                    k: int, swizzle: int, raster: int, splits: int = 1,
+                    activation: str = "silu") -> int:
     """Bytes of scratch one call of ``kernel``/``config`` needs (0 for most configs).
 
     A stream-K split depends on the SM count: sized for the local GPU's, or, lowering with
@@ -140,14 +147,14 @@ def workspace_bytes(kernel: str, dtype: str, config: int, *, m: int, n: int, n_p
     if _kernels is None:
         return 0
     local = _kernels.device_sm_count()
-    return max(int(_kernels.workspace_bytes(kernel, dtype, config, m, n, n_packed, k, swizzle,
-                                            raster, splits, sm_count))
+    return max(int(_kernels.workspace_bytes(kernel, activation, dtype, config, m, n, n_packed,
+                                            k, swizzle, raster, splits, sm_count))
                for sm_count in ([local] if local else range(1, _MAX_SM_COUNT + 1)))
 
 
 def time_launches(kernel: str, dtype: str, config: int, *, m: int, n: int, n_packed: int,
                   k: int, swizzle: int, raster: int, splits: int, xs, packed, out, workspace,
-                  calls: int, samples: int) -> list[float]:
+                  calls: int, samples: int, activation: str = "silu") -> list[float]:
     """Per-launch GPU times (us) of one config by CUDA-graph replay (ffi/timing.h), launch i
     on input set i % len(xs). ``xs``, ``packed``, ``out`` and ``workspace`` are device arrays
     (jax arrays on one GPU) that stay alive and unread by JAX during the call."""
@@ -158,7 +165,7 @@ def time_launches(kernel: str, dtype: str, config: int, *, m: int, n: int, n_pac
         return array.unsafe_buffer_pointer()
 
     return list(_kernels.time_launches(
-        kernel, dtype, config, m, n, n_packed, k, swizzle, raster, splits,
+        kernel, activation, dtype, config, m, n, n_packed, k, swizzle, raster, splits,
         [pointer(x) for x in xs], [pointer(p) for p in packed], pointer(out),
         pointer(workspace) if workspace is not None else 0,
         int(workspace.size) if workspace is not None else 0, calls, samples))

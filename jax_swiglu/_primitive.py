@@ -1,7 +1,8 @@
 """The ``jax_swiglu`` inference primitive: every rule of it in one place.
 
-``swiglu_p.bind(x, packed_data, n=..., kernel=...)`` computes ``[M, n]`` from
-``x [M, K]`` and the packed ``[K, 2 * N_pad]`` matrix. Rules:
+``swiglu_p.bind(x, packed_data, n=..., kernel=..., activation=...)`` computes ``[M, n]``
+``= act(x @ W_gate) * (x @ W_up)`` from ``x [M, K]`` and the packed ``[K, 2 * N_pad]``
+matrix (``activation`` names act: _reference.ACTIVATIONS). Rules:
 
 * abstract eval: shape, dtype and sharding rules (the public wrappers in ``_api.py`` give
   friendlier messages first; these guard direct binds),
@@ -43,8 +44,9 @@ swiglu_shard_p = Primitive("jax_swiglu_shard")
 
 # --- abstract evaluation ------------------------------------------------------------------
 
-def _check_operands(x, packed_data, *, n: int, kernel: str):
+def _check_operands(x, packed_data, *, n: int, kernel: str, activation: str):
     selection.check_kernel_name(kernel)
+    _reference.check_activation(activation)
     if x.ndim != 2 or packed_data.ndim != 2:
         raise ValueError(
             f"jax_swiglu primitive takes x [M, K] and packed [K, 2N'], got {x.shape} and "
@@ -61,8 +63,8 @@ def _check_operands(x, packed_data, *, n: int, kernel: str):
     _layout.check_alignment(k, n)
 
 
-def _abstract_eval(x, packed_data, *, n: int, kernel: str):
-    _check_operands(x, packed_data, n=n, kernel=kernel)
+def _abstract_eval(x, packed_data, *, n: int, kernel: str, activation: str):
+    _check_operands(x, packed_data, n=n, kernel=kernel, activation=activation)
     # Explicit mesh axes are part of the types: the result's follow the split rule. (With
     # automatic axes the specs are empty and the partitioner decides, by the same rule.)
     mesh = next((a.sharding.mesh for a in (x, packed_data) if not a.sharding.mesh.empty),
@@ -72,8 +74,8 @@ def _abstract_eval(x, packed_data, *, n: int, kernel: str):
                                 sharding=NamedSharding(mesh, plan.result_spec()))
 
 
-def _shard_abstract_eval(x, packed_data, *, n: int, kernel: str):
-    _check_operands(x, packed_data, n=n, kernel=kernel)
+def _shard_abstract_eval(x, packed_data, *, n: int, kernel: str, activation: str):
+    _check_operands(x, packed_data, n=n, kernel=kernel, activation=activation)
     return jax.core.ShapedArray((x.shape[0], n), x.dtype)
 
 
@@ -84,12 +86,12 @@ swiglu_shard_p.def_abstract_eval(_shard_abstract_eval)
 # --- impl ---------------------------------------------------------------------------------
 
 @functools.cache
-def _jitted(n: int, kernel: str):
-    return jax.jit(functools.partial(swiglu_p.bind, n=n, kernel=kernel))
+def _jitted(n: int, kernel: str, activation: str):
+    return jax.jit(functools.partial(swiglu_p.bind, n=n, kernel=kernel, activation=activation))
 
 
-def _impl(x, packed_data, *, n: int, kernel: str):
-    return _jitted(n, kernel)(x, packed_data)
+def _impl(x, packed_data, *, n: int, kernel: str, activation: str):
+    return _jitted(n, kernel, activation)(x, packed_data)
 
 
 swiglu_p.def_impl(_impl)
@@ -141,7 +143,7 @@ def _spec(operand) -> P:
     return P() if operand.sharding is None else operand.sharding.spec
 
 
-def _partition(n, kernel, mesh, arg_shapes, result_shape):
+def _partition(n, kernel, activation, mesh, arg_shapes, result_shape):
     """custom_partitioning's partition: operand and result shardings, and the per-device
     function (the shard primitive on local shapes, so the kernel is chosen by local M)."""
     del result_shape  # the result's sharding follows from the operands'
@@ -149,16 +151,17 @@ def _partition(n, kernel, mesh, arg_shapes, result_shape):
     plan = split(_spec(x), _spec(packed), mesh.shape, n)
 
     def per_device(x, packed_data):
-        return swiglu_shard_p.bind(x, packed_data, n=plan.local_n, kernel=kernel)
+        return swiglu_shard_p.bind(x, packed_data, n=plan.local_n, kernel=kernel,
+                                   activation=activation)
 
     x_spec, packed_spec = plan.operand_specs()
     return (mesh, per_device, NamedSharding(mesh, plan.result_spec()),
             (NamedSharding(mesh, x_spec), NamedSharding(mesh, packed_spec)))
 
 
-def _infer_sharding(n, kernel, mesh, arg_shapes, result_shape):
+def _infer_sharding(n, kernel, activation, mesh, arg_shapes, result_shape):
     """The result's sharding from the operands' (GSPMD propagation)."""
-    del kernel, result_shape
+    del kernel, activation, result_shape
     x, packed = arg_shapes
     try:
         return NamedSharding(mesh, split(_spec(x), _spec(packed), mesh.shape, n).result_spec())
@@ -168,7 +171,7 @@ def _infer_sharding(n, kernel, mesh, arg_shapes, result_shape):
         return NamedSharding(mesh, P())
 
 
-def _sharding_rule(n, kernel, mesh, operand_types, result_types):
+def _sharding_rule(n, kernel, activation, mesh, operand_types, result_types):
     """The Shardy rule: M passes through; K must be replicated; N is a run of whole
     gate/up pairs (``pairs``), 64 packed columns each in the weights and 32 in the
     result, so a sharding of the weights along N carries over to the result and back.
@@ -179,7 +182,7 @@ def _sharding_rule(n, kernel, mesh, operand_types, result_types):
     axis into sub-axes, which custom_partitioning cannot express; left untied, a bad
     split of the weights reaches ``split`` intact, which says what is wrong.
     """
-    del kernel, operand_types, result_types
+    del kernel, activation, operand_types, result_types
     block = _layout.GATE_UP_BLOCK
     pairs, padded = divmod(n, block)
     if padded or any(pairs % size for size in mesh.shape.values()):
@@ -189,13 +192,13 @@ def _sharding_rule(n, kernel, mesh, operand_types, result_types):
              "pairs": pairs, "packed_pair": 2 * block, "block": block})
 
 
-def _per_device(x, packed_data, n, kernel):
+def _per_device(x, packed_data, n, kernel, activation):
     # On one device (no mesh, or inside a jax.shard_map body) custom_partitioning lowers
     # this directly; under SPMD, _partition supplies the per-device function instead.
-    return swiglu_shard_p.bind(x, packed_data, n=n, kernel=kernel)
+    return swiglu_shard_p.bind(x, packed_data, n=n, kernel=kernel, activation=activation)
 
 
-_partitioned = custom_partitioning(_per_device, static_argnums=(2, 3))
+_partitioned = custom_partitioning(_per_device, static_argnums=(2, 3, 4))
 _partitioned.def_partition(
     partition=_partition,
     infer_sharding_from_operands=_infer_sharding,
@@ -205,22 +208,25 @@ _partitioned.def_partition(
 
 # --- lowering -----------------------------------------------------------------------------
 
-def _reference_lowering(ctx, x, packed_data, *, n: int, kernel: str):
+def _reference_lowering(ctx, x, packed_data, *, n: int, kernel: str, activation: str):
     del kernel
     return mlir.lower_fun(
-        functools.partial(_reference.swiglu_reference_packed, n=n),
+        functools.partial(_reference.swiglu_reference_packed, n=n, activation=activation),
         multiple_results=False)(ctx, x, packed_data)
 
 
-def _cuda_lowering(ctx, x, packed_data, *, n: int, kernel: str):
+def _cuda_lowering(ctx, x, packed_data, *, n: int, kernel: str, activation: str):
     x_aval, packed_aval = ctx.avals_in
     m, k = x_aval.shape  # local shapes: the kernel is chosen per device
-    choice = selection.choose(m, n, k, x_aval.dtype, kernel=kernel, platform="cuda")
+    choice = selection.choose(m, n, k, x_aval.dtype, kernel=kernel, platform="cuda",
+                              activation=activation)
     if choice.target is None:
-        return _reference_lowering(ctx, x, packed_data, n=n, kernel=kernel)
+        return _reference_lowering(ctx, x, packed_data, n=n, kernel=kernel,
+                                   activation=activation)
     attributes = choice.ffi_attributes()
     workspace = _native.workspace_bytes(
         choice.kernel, jnp.dtype(x_aval.dtype).name, choice.config.id, m=m, n=n,
+        activation=activation,
         n_packed=packed_aval.shape[1] // 2, k=k, swizzle=int(attributes["swizzle"]),
         raster=int(attributes["raster"]), splits=int(attributes["splits"]))
     if not workspace:
@@ -242,14 +248,15 @@ mlir.register_lowering(swiglu_shard_p, _cuda_lowering, platform="cuda")
 
 # --- batching -----------------------------------------------------------------------------
 
-def _batch(args, dims, *, n: int, kernel: str):
+def _batch(args, dims, *, n: int, kernel: str, activation: str):
     x, packed_data = args
     x_dim, packed_dim = dims
     if packed_dim is None:  # (None: not mapped)
         # Weights shared across the batch: fold the batch into M, one kernel call.
         x = jnp.moveaxis(x, x_dim, 0)
         batch, m, k = x.shape
-        y = swiglu_p.bind(x.reshape(batch * m, k), packed_data, n=n, kernel=kernel)
+        y = swiglu_p.bind(x.reshape(batch * m, k), packed_data, n=n, kernel=kernel,
+                          activation=activation)
         return y.reshape(batch, m, n), 0
     # Weights differ per batch element: one call per element.
     size = packed_data.shape[packed_dim]
@@ -258,7 +265,7 @@ def _batch(args, dims, *, n: int, kernel: str):
         x = jnp.moveaxis(x, x_dim, 0)
     outs = [
         swiglu_p.bind(x[i] if x_dim is not None else x, packed_data[i],
-                      n=n, kernel=kernel)
+                      n=n, kernel=kernel, activation=activation)
         for i in range(size)
     ]
     return jnp.stack(outs), 0

@@ -338,7 +338,7 @@ def check_cuda_partitioning(mesh):
     x = jax.ShapeDtypeStruct((m, K), jnp.bfloat16, sharding=NamedSharding(mesh, P("data")))
     packed = put_packed(mesh, inputs()["packed"], None, "model")
     config = selection.choose(local_m, N // model_shards, K, jnp.bfloat16).config.id
-    local_call = ("jax_swiglu_interleaved_bf16", f"bf16[{local_m},{K}]",
+    local_call = ("jax_swiglu_interleaved_silu_bf16", f"bf16[{local_m},{K}]",
                   f"bf16[{K},{local_width}]", f"bf16[{local_m},{N // model_shards}]", config)
 
     hlo = cuda_partitioned_hlo(swiglu, x, packed)
@@ -382,7 +382,7 @@ def check_shard_map_lowers_to_local_kernel_call(mesh):
                                  out_specs=P("data", "model"))
     text = jax.jit(local_swiglu).trace(x, packed).lower(lowering_platforms=("cuda",)).as_text()
     calls = re.findall(r"custom_call @(jax_swiglu_\w+)\((.*)", text)
-    assert [target for target, _ in calls] == ["jax_swiglu_interleaved_bf16"], calls
+    assert [target for target, _ in calls] == ["jax_swiglu_interleaved_silu_bf16"], calls
     local = f"tensor<{M // data_shards}x{K}xbf16>, tensor<{K}x{2 * N // model_shards}xbf16>"
     assert local in calls[0][1], calls
 

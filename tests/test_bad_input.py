@@ -27,7 +27,7 @@ def test_primitive_checks_alignment_too(key):
     # A direct bind with misaligned shapes is refused by the abstract eval.
     with pytest.raises(ValueError, match="multiples of 8"):
         jax.eval_shape(
-            lambda x, w: jax_swiglu.swiglu_p.bind(x, w, n=60, kernel="auto"),
+            lambda x, w: jax_swiglu.swiglu_p.bind(x, w, n=60, kernel="auto", activation="silu"),
             jax.ShapeDtypeStruct((4, 16), jnp.bfloat16), jax.ShapeDtypeStruct((16, 128), jnp.bfloat16))
 
 

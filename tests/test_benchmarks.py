@@ -24,7 +24,7 @@ def row(model, m, xla, gemm, auto, **extra):
     k, n = SHAPES[model]
     return {"model": model, "m": m, "k": k, "n": n, "flops": 2 * m * k * 2 * n,
             "weight_bytes": 2 * k * 2 * n, "gpu_us": {"xla": xla, "gemm": gemm, "auto": auto},
-            "auto_choice": "M=1 ...: interleaved [jax_swiglu_interleaved_bf16, config 18: x] "
+            "auto_choice": "M=1 ...: interleaved [jax_swiglu_interleaved_silu_bf16, config 18: x] "
                            "(tuning data (measured): measured 1.0 us)", **extra}
 
 

@@ -37,7 +37,7 @@ def test_demo_runs():
         for block in calls:
             picks_xla = re.search(r"kernel: M=\d+ .* on cuda: xla \(", block) is not None
             assert ("no jax_swiglu custom call" in block) == picks_xla, block
-            assert ("2 custom calls, jax_swiglu_interleaved_bf16" in block) == (not picks_xla)
+            assert ("2 custom calls, jax_swiglu_interleaved_silu_bf16" in block) == (not picks_xla)
     if gpu_skip_reason() is None:
         assert out.count("time per forward (2 blocks, median of 2)") == 3
     else:

@@ -139,6 +139,29 @@ def test_linen_modules(key):
     assert jax.tree.map(jnp.shape, own) == jax.tree.map(jnp.shape, fused_params)
 
 
+def test_gelu_tanh_modules_compute_geglu(key):
+    """activation="gelu_tanh" (Gemma's GeGLU) in both module kinds: the fused module equals the
+    reference module, which is the GeGLU spec followed by the down dot; conversions keep it."""
+    reference, fused = _modules(64, 200, activation="gelu_tanh")
+    x = random_x(key, (3, 64))
+    gate, up, down = (getattr(reference, name).kernel[...]
+                      for name in ("gate_proj", "up_proj", "down_proj"))
+    expected = jax_swiglu.swiglu_reference(x, gate, up, activation="gelu_tanh") @ down
+    np.testing.assert_array_equal(reference(x), expected)
+    np.testing.assert_array_equal(fused(x), expected)
+    assert not np.array_equal(np.asarray(fused(x)), np.asarray(_modules(64, 200)[1](x)))
+    assert fused.to_unfused().activation == "gelu_tanh"
+    assert swiglu_nn.FusedSwiGLUMLP.from_unfused(reference).activation == "gelu_tanh"
+    assert " gelu_tanh on cuda: " in fused.explain(jax.ShapeDtypeStruct((3, 64), jnp.bfloat16),
+                                                    platform="cuda")
+    linen = swiglu_linen.FusedSwiGLUMLP(intermediate_size=200, activation="gelu_tanh")
+    params = swiglu_nn.fuse_params(_params(reference))
+    np.testing.assert_array_equal(linen.apply({"params": params}, x), expected)
+    linen_reference = swiglu_linen.SwiGLUMLP(intermediate_size=200, activation="gelu_tanh")
+    np.testing.assert_array_equal(linen_reference.apply({"params": _params(reference)}, x),
+                                  expected)
+
+
 # --- conversion -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
@@ -264,6 +287,10 @@ def test_bad_configurations():
         swiglu_nn.FusedSwiGLUMLP(64, 128, dtype=jnp.float32, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="kernel must be one of"):
         swiglu_nn.FusedSwiGLUMLP(64, 128, kernel="fastest", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        swiglu_nn.FusedSwiGLUMLP(64, 128, activation="gelu", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        swiglu_nn.SwiGLUMLP(64, 128, activation="swish", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="multiples of 8"):
         swiglu_nn.FusedSwiGLUMLP(60, 128, rngs=nnx.Rngs(0))
     with pytest.raises(TypeError, match="exactly one of rngs= .* and params="):

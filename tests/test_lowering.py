@@ -47,7 +47,7 @@ def _expected(m, kernel="auto", n=128):
 def test_custom_call_follows_the_selection(m):
     hlo = cuda_hlo(swiglu, _x(m), _packed())
     assert custom_calls(hlo) == _expected(m)
-    assert ("jax_swiglu_interleaved_bf16" in hlo) == bool(_expected(m))
+    assert ("jax_swiglu_interleaved_silu_bf16" in hlo) == bool(_expected(m))
 
 
 @pytest.mark.parametrize("m", [1, 16, 128, 512, 4096, 8192])
@@ -76,12 +76,12 @@ def test_every_kernel_can_be_forced(dtype, suffix):
                 cuda_hlo(fn, _x(4096, dtype=dtype), _packed(dtype=dtype))
             continue
         hlo = cuda_hlo(fn, _x(4096, dtype=dtype), _packed(dtype=dtype))
-        assert [t for t, _ in custom_calls(hlo)] == [f"jax_swiglu_{kernel}_{suffix}"]
+        assert [t for t, _ in custom_calls(hlo)] == [f"jax_swiglu_{kernel}_silu_{suffix}"]
 
 
 def test_float16_target():
     hlo = cuda_hlo(swiglu, _x(256, dtype=jnp.float16), _packed(dtype=jnp.float16))
-    assert [t for t, _ in custom_calls(hlo)] == ["jax_swiglu_interleaved_f16"]
+    assert [t for t, _ in custom_calls(hlo)] == ["jax_swiglu_interleaved_silu_f16"]
 
 
 def _set_kernel_env(monkeypatch, value):
@@ -103,7 +103,7 @@ def test_forced_xla_has_no_custom_call(monkeypatch):
 
 def test_forced_kernel_by_argument_and_environment(monkeypatch):
     forced = _expected(16, "interleaved")
-    assert forced and forced[0][0] == "jax_swiglu_interleaved_bf16"
+    assert forced and forced[0][0] == "jax_swiglu_interleaved_silu_bf16"
     hlo = cuda_hlo(lambda x, p: swiglu(x, p, kernel="interleaved"), _x(16), _packed())
     assert custom_calls(hlo) == forced
     _set_kernel_env(monkeypatch, "interleaved")
@@ -159,7 +159,7 @@ def test_forced_launch_knob(monkeypatch):
     monkeypatch.setenv(selection.CONFIG_ENV_VAR, "3,swizzle=4,raster=m")
     jax.clear_caches()
     hlo = cuda_hlo(swiglu, _x(4096), packed)
-    assert custom_calls(hlo) == [("jax_swiglu_interleaved_bf16", 3)]
+    assert custom_calls(hlo) == [("jax_swiglu_interleaved_silu_bf16", 3)]
     assert re.search(r"raster = 1 : i64", hlo) and re.search(r"swizzle = 4 : i64", hlo)
     stream_k = [c.id for c in jax_swiglu.kernel_configs()["interleaved"].values()
                 if c.splits_k]
@@ -186,7 +186,7 @@ def test_split_tail_configs_take_no_swizzle(monkeypatch):
         monkeypatch.setenv(selection.CONFIG_ENV_VAR, f"{config.id},swizzle=1")
         jax.clear_caches()
         assert custom_calls(cuda_hlo(swiglu, _x(4096), _packed())) == [
-            ("jax_swiglu_interleaved_bf16", config.id)]
+            ("jax_swiglu_interleaved_silu_bf16", config.id)]
         monkeypatch.setenv(selection.CONFIG_ENV_VAR, f"{config.id},swizzle=2")
         jax.clear_caches()
         with pytest.raises(ValueError, match="takes no swizzle"):
@@ -207,7 +207,7 @@ def test_m_bands_configs_need_whole_bands(monkeypatch):
         monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(config.id))
         jax.clear_caches()
         assert custom_calls(cuda_hlo(swiglu, _x(2 * config.m_multiple), _packed())) == [
-            ("jax_swiglu_interleaved_bf16", config.id)]
+            ("jax_swiglu_interleaved_silu_bf16", config.id)]
         jax.clear_caches()
         with pytest.raises(ValueError, match=f"multiple of {config.m_multiple}"):
             cuda_hlo(swiglu, _x(config.m_multiple + 128), _packed())
@@ -265,8 +265,8 @@ def test_workspace_size_bounds():
     shape = dict(n=18944, n_packed=18944, k=3584, swizzle=1, raster=0, splits=1)
 
     def for_sm_count(sms):
-        return _native._kernels.workspace_bytes("interleaved", "bfloat16", stream_k, 128,
-                                                *shape.values(), sms)
+        return _native._kernels.workspace_bytes("interleaved", "silu", "bfloat16", stream_k,
+                                                128, *shape.values(), sms)
     size = _native.workspace_bytes("interleaved", "bfloat16", stream_k, m=128, **shape)
     local = _native._kernels.device_sm_count()
     if local:  # a GPU here: sized for it
@@ -276,3 +276,32 @@ def test_workspace_size_bounds():
     assert _native.workspace_bytes("interleaved", "bfloat16", stream_k, m=0, **shape) == 0
     with pytest.raises(ValueError, match="exceeds 2\\^31 - 1"):
         _native.workspace_bytes("interleaved", "bfloat16", stream_k, m=2**31, **shape)
+
+
+@pytest.mark.parametrize("activation", list(jax_swiglu.ACTIVATIONS))
+@pytest.mark.parametrize("m", [1, 64, 300, 4096])
+def test_activation_picks_its_target_and_the_same_launch(activation, m):
+    """The activation picks the custom call's target (its name says which) and leaves the
+    launch the selection chose alone; explain() names it."""
+    packed = _packed(n=4864)
+    hlo = cuda_hlo(lambda x, p: swiglu(x, p, activation=activation), _x(m), packed)
+    silu = selection.choose(m, 4864, 64, jnp.bfloat16)
+    choice = selection.choose(m, 4864, 64, jnp.bfloat16, activation=activation)
+    assert (choice.config, choice.splits, choice.swizzle) == (silu.config, silu.splits,
+                                                              silu.swizzle)
+    if choice.kernel == "xla":
+        assert custom_calls(hlo) == []
+    else:
+        assert custom_calls(hlo) == [(f"jax_swiglu_interleaved_{activation}_bf16",
+                                      choice.config.id)]
+    explained = jax_swiglu.explain(_x(m), packed, activation=activation, platform="cuda")
+    assert f" {activation} on cuda: " in explained
+
+
+def test_every_activation_is_compiled_and_has_targets():
+    assert jax_swiglu._native.activations() == tuple(jax_swiglu.ACTIVATIONS)
+    targets = jax_swiglu._native.targets()
+    for activation in jax_swiglu.ACTIVATIONS:
+        for dtype in ("bfloat16", "float16"):
+            assert targets[("interleaved", activation, dtype)] == (
+                f"jax_swiglu_interleaved_{activation}_{'bf16' if dtype == 'bfloat16' else 'f16'}")

@@ -1,7 +1,9 @@
-"""The reference path's dots: exact fp32 accumulation without HIGHEST for bf16/f16."""
+"""The reference path: exact fp32 accumulation without HIGHEST for bf16/f16, and the gated
+activations' math."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jax_swiglu import pack_weights, swiglu, swiglu_reference
@@ -32,3 +34,50 @@ def test_float32_reference_keeps_full_precision():
     x = jax.ShapeDtypeStruct((4, 64), jnp.float32)
     hlo = _lowered(swiglu_reference, x, w_gate, w_up, platform="cpu")
     assert hlo.count("HIGHEST") >= 2  # fp32 inputs: full fp32, not TF32
+
+
+# --- the gated activations ------------------------------------------------------------------
+
+def _f32_product(x, w):
+    return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32),
+                      precision=jax.lax.Precision.HIGHEST)
+
+
+@pytest.mark.parametrize("activation, act", [
+    ("silu", lambda g: g * jax.nn.sigmoid(g)),
+    # Gemma's GeGLU: GELU's tanh approximation, written out.
+    ("gelu_tanh", lambda g: 0.5 * g * (1 + jnp.tanh(jnp.sqrt(2 / jnp.pi) * (g + 0.044715 * g**3)))),
+])
+def test_activations_are_the_models_formulas(activation, act):
+    """The reference is act(x @ Wg) * (x @ Wu) in fp32, rounded once, with each activation's
+    textbook formula; and the packed path (what swiglu lowers to here) is bitwise the same."""
+    key_w, key_x = jax.random.split(jax.random.key(1))
+    w_gate, w_up = random_weights(key_w, 128, 96)
+    x = jax.random.normal(key_x, (5, 128), jnp.bfloat16)
+    expected = (act(_f32_product(x, w_gate)) * _f32_product(x, w_up)).astype(jnp.bfloat16)
+    reference = swiglu_reference(x, w_gate, w_up, activation=activation)
+    np.testing.assert_allclose(np.asarray(reference, np.float32),
+                               np.asarray(expected, np.float32), rtol=1e-2, atol=1e-3)
+    fused = swiglu(x, pack_weights(w_gate, w_up), activation=activation)
+    np.testing.assert_array_equal(np.asarray(fused).view(np.uint16),
+                                  np.asarray(reference).view(np.uint16))
+
+
+def test_the_activations_differ():
+    """GeGLU is not SwiGLU under another name: the two outputs differ on random inputs."""
+    w_gate, w_up = random_weights(jax.random.key(2), 64, 64)
+    x = jax.random.normal(jax.random.key(3), (4, 64), jnp.bfloat16)
+    packed = pack_weights(w_gate, w_up)
+    silu, gelu = (np.asarray(swiglu(x, packed, activation=a), np.float32)
+                  for a in ("silu", "gelu_tanh"))
+    assert np.abs(silu - gelu).max() > 1e-2
+
+
+@pytest.mark.parametrize("bad", ["gelu", "relu", "SiLU", None])
+def test_unknown_activation_is_a_trace_time_error(bad):
+    w_gate, w_up = random_weights(jax.random.key(0), 64, 64)
+    x = jax.ShapeDtypeStruct((4, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        jax.jit(lambda x, p: swiglu(x, p, activation=bad)).trace(x, pack_weights(w_gate, w_up))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        swiglu_reference(jnp.ones((4, 64), jnp.bfloat16), w_gate, w_up, activation=bad)

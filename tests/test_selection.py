@@ -135,7 +135,8 @@ def test_explain_names_the_source(engine, monkeypatch):
     engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
     monkeypatch.setattr(_native, "kernels_available", lambda: True)
     monkeypatch.setattr(selection, "local_gpu_is_sm90", lambda: True)
-    monkeypatch.setattr(_native, "targets", lambda: {("interleaved", "bfloat16"): "t_bf16"})
+    monkeypatch.setattr(_native, "targets",
+                        lambda: {("interleaved", "silu", "bfloat16"): "t_bf16"})
     choice = selection.choose(8, 4096, 4096, jnp.bfloat16)
     text = choice.describe()
     assert text.startswith("interleaved [t_bf16, config 1: cooperative 16x128x64")

@@ -36,7 +36,7 @@
 
 namespace jax_swiglu {
 
-template <class Element_, class TileShape_, int Stages>
+template <class Element_, class TileShape_, int Stages, Activation kActivation>
 struct GateThenUpMainloop {
   // --- what the kernel reads off a collective ---------------------------------------------
   using TileShape = TileShape_;  // (tile_m, gate + up columns, tile_k)
@@ -315,8 +315,8 @@ struct GateThenUpMainloop {
     static_assert(size(acc_gate) % 2 == 0);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(acc_gate); i += 2) {
-      acc_gate(i) = Silu<true>(acc_gate(i));
-      acc_gate(i + 1) = Silu<false>(acc_gate(i + 1));
+      acc_gate(i) = Activate<kActivation, true>(acc_gate(i));
+      acc_gate(i + 1) = Activate<kActivation, false>(acc_gate(i + 1));
     }
     warpgroup_fence_operand(acc_gate);
 

@@ -78,7 +78,7 @@ using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
 
 // Tokens on the wgmma M side: A = x [M, K] (K contiguous), B = packed [K, 2N] (packed
 // columns contiguous).
-template <int ConfigId, class ElementTag>
+template <int ConfigId, class ElementTag, Activation kActivation>
 struct TokensOnMAssembly {
   static constexpr KernelConfig kConfig = kInterleavedConfigs[ConfigId];
   using Element = typename CutlassElement<ElementTag>::type;
@@ -86,12 +86,12 @@ struct TokensOnMAssembly {
                                 cute::Int<kConfig.tile_k>>;
   // A split last round (split_tail.cuh): half tiles, whose rows only the direct store skips.
   static constexpr bool kSplitTail = kConfig.scheduler == TileScheduler::SplitTail;
-  // SiLU's reciprocal: alternating Newton and MUFU for the cooperative schedule, MUFU's for
-  // pingpong (swiglu_epilogue.cuh, Silu).
-  using Epilogue =
-      SwiGluEpilogue<Element, TileShape,
-                     InterleavedPairs<kConfig.schedule == Schedule::Cooperative>, kConfig.store,
-                     kSplitTail>;
+  // The sigmoid's reciprocal: alternating Newton and MUFU for the cooperative schedule,
+  // MUFU's for pingpong (swiglu_epilogue.cuh, Sigmoid).
+  using Epilogue = SwiGluEpilogue<
+      Element, TileShape,
+      InterleavedPairs<kConfig.schedule == Schedule::Cooperative, kActivation>, kConfig.store,
+      kSplitTail>;
   using Built = BuiltMainloop<ConfigId, Element, TileShape,
                               cutlass::layout::RowMajor, cutlass::layout::RowMajor, Epilogue>;
   // With the direct store, edge tiles' x loads are kept inside x (edge_tiles.cuh).
@@ -118,13 +118,13 @@ struct TokensOnMAssembly {
 
 // Weights on the wgmma M side (swap-AB): A = packed^T [2N, K] (packed columns contiguous:
 // CUTLASS's column-major A), B = x as [M, K] (K contiguous: column-major B).
-template <int ConfigId, class ElementTag>
+template <int ConfigId, class ElementTag, Activation kActivation>
 struct WeightsOnMAssembly {
   static constexpr KernelConfig kConfig = kInterleavedConfigs[ConfigId];
   using Element = typename CutlassElement<ElementTag>::type;
   using TileShape = cute::Shape<cute::Int<kConfig.tile_n>, cute::Int<kConfig.tile_m>,
                                 cute::Int<kConfig.tile_k>>;
-  using Epilogue = SwapAbSwiGluEpilogue<Element, TileShape>;
+  using Epilogue = SwapAbSwiGluEpilogue<Element, TileShape, kActivation>;
   using Mainloop = BuiltMainloop<ConfigId, Element, TileShape,
                                  cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor,
                                  Epilogue>;
@@ -143,11 +143,11 @@ struct WeightsOnMAssembly {
   }
 };
 
-template <int ConfigId, class ElementTag>
+template <int ConfigId, class ElementTag, Activation kActivation>
 using InterleavedKernel =
     cute::conditional_t<kInterleavedConfigs[ConfigId].m_side == MmaMSide::Weights,
-                        WeightsOnMAssembly<ConfigId, ElementTag>,
-                        TokensOnMAssembly<ConfigId, ElementTag>>;
+                        WeightsOnMAssembly<ConfigId, ElementTag, kActivation>,
+                        TokensOnMAssembly<ConfigId, ElementTag, kActivation>>;
 
 // Why `p` cannot run on config `ConfigId`, or "" if it can.
 template <int ConfigId>
@@ -172,10 +172,10 @@ std::string InterleavedLaunchError(const SwigluProblem& p) {
   return {};
 }
 
-template <int ConfigId, class ElementTag>
+template <int ConfigId, class ElementTag, Activation kActivation>
 std::string LaunchInterleaved(const SwigluProblem& p, const DeviceFacts& facts,
                               cudaStream_t stream) {
-  using Assembly = InterleavedKernel<ConfigId, ElementTag>;
+  using Assembly = InterleavedKernel<ConfigId, ElementTag, kActivation>;
   constexpr KernelConfig config = kInterleavedConfigs[ConfigId];
   if (std::string err = InterleavedLaunchError<ConfigId>(p); !err.empty()) return err;
   return LaunchGemm<typename Assembly::Kernel>(Assembly::Arguments(p, facts), p, facts,
@@ -183,9 +183,9 @@ std::string LaunchInterleaved(const SwigluProblem& p, const DeviceFacts& facts,
                                                stream, "interleaved");
 }
 
-template <int ConfigId, class ElementTag>
+template <int ConfigId, class ElementTag, Activation kActivation>
 size_t InterleavedWorkspaceBytes(const SwigluProblem& p, const DeviceFacts& facts) {
-  using Assembly = InterleavedKernel<ConfigId, ElementTag>;
+  using Assembly = InterleavedKernel<ConfigId, ElementTag, kActivation>;
   return Assembly::Kernel::get_workspace_size(Assembly::Arguments(p, facts));
 }
 

@@ -25,7 +25,7 @@
 
 namespace jax_swiglu {
 
-template <int ConfigId, class ElementTag>
+template <int ConfigId, class ElementTag, Activation kActivation>
 struct PingpongKernel {
   static constexpr KernelConfig kConfig = kPingpongConfigs[ConfigId];
   static_assert(kConfig.schedule == Schedule::Pingpong && kConfig.cluster_m == 1 &&
@@ -45,33 +45,34 @@ struct PingpongKernel {
       std::min(8, (kSharedBytes - Epilogue::kSharedBytes - 1024) / kStageBytes);
   static_assert(kStages >= 3, "tile too large for a useful pipeline");
 
-  using Mainloop = GateThenUpMainloop<Element, TileShape, kStages>;
+  using Mainloop = GateThenUpMainloop<Element, TileShape, kStages, kActivation>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
                                                       Epilogue, cutlass::gemm::PersistentScheduler>;
 };
 
-template <int ConfigId, class ElementTag>
-typename PingpongKernel<ConfigId, ElementTag>::Kernel::Arguments PingpongArguments(
+template <int ConfigId, class ElementTag, Activation kActivation>
+typename PingpongKernel<ConfigId, ElementTag, kActivation>::Kernel::Arguments PingpongArguments(
     const SwigluProblem& p, const DeviceFacts& facts) {
-  using Assembly = PingpongKernel<ConfigId, ElementTag>;
+  using Assembly = PingpongKernel<ConfigId, ElementTag, kActivation>;
   using Element = typename Assembly::Element;
   return GemmArguments<typename Assembly::Kernel>(
       {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed), static_cast<int>(p.k), 1},
       {static_cast<Element const*>(p.x), static_cast<Element const*>(p.packed)}, p, facts);
 }
 
-template <int ConfigId, class ElementTag>
+template <int ConfigId, class ElementTag, Activation kActivation>
 std::string LaunchPingpong(const SwigluProblem& p, const DeviceFacts& facts,
                            cudaStream_t stream) {
-  return LaunchGemm<typename PingpongKernel<ConfigId, ElementTag>::Kernel>(
-      PingpongArguments<ConfigId, ElementTag>(p, facts), p, facts, dim3(1, 1, 1), stream,
-      "pingpong");
+  return LaunchGemm<typename PingpongKernel<ConfigId, ElementTag, kActivation>::Kernel>(
+      PingpongArguments<ConfigId, ElementTag, kActivation>(p, facts), p, facts, dim3(1, 1, 1),
+      stream, "pingpong");
 }
 
-template <int ConfigId, class ElementTag>
+template <int ConfigId, class ElementTag, Activation kActivation>
 size_t PingpongWorkspaceBytes(const SwigluProblem& p, const DeviceFacts& facts) {
-  using Kernel = typename PingpongKernel<ConfigId, ElementTag>::Kernel;
-  return Kernel::get_workspace_size(PingpongArguments<ConfigId, ElementTag>(p, facts));
+  using Kernel = typename PingpongKernel<ConfigId, ElementTag, kActivation>::Kernel;
+  return Kernel::get_workspace_size(
+      PingpongArguments<ConfigId, ElementTag, kActivation>(p, facts));
 }
 
 }  // namespace jax_swiglu

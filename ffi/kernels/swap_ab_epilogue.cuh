@@ -7,7 +7,7 @@
 // pair of 32-column runs, gate rows in warps 0-1 and their up rows in warps 2-3, so no thread
 // holds both halves of a pair. The epilogue therefore meets them in shared memory: every
 // thread writes its fp32 accumulators there, and after a barrier each thread reads the gate
-// and up values of 8 consecutive output columns of one token, computes SiLU(g) * u in fp32,
+// and up values of 8 consecutive output columns of one token, computes act(g) * u in fp32,
 // rounds once and writes 16 bytes to the [M, N] output. At these sizes the epilogue is a
 // small share of a tile that streams K * tile_n weights, so its shared-memory round trip
 // costs little.
@@ -28,7 +28,7 @@
 
 namespace jax_swiglu {
 
-template <class ElementD_, class CtaTileShape_>
+template <class ElementD_, class CtaTileShape_, Activation kActivation>
 class SwapAbSwiGluEpilogue {
  public:
   using ElementD = ElementD_;
@@ -169,8 +169,8 @@ class SwapAbSwiGluEpilogue {
         const float2 g = *reinterpret_cast<const float2*>(gate + 8 * j);
         const float2 u = *reinterpret_cast<const float2*>(up + 8 * j);
         cutlass::Array<float, 2> value;
-        value[0] = Silu<false>(g.x) * u.x;
-        value[1] = Silu<false>(g.y) * u.y;
+        value[0] = Activate<kActivation, false>(g.x) * u.x;
+        value[1] = Activate<kActivation, false>(g.y) * u.y;
         cutlass::NumericArrayConverter<ElementD, float, 2,
                                        cutlass::FloatRoundStyle::round_to_nearest> convert;
         cutlass::Array<ElementD, 2> rounded = convert(value);

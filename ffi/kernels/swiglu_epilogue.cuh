@@ -3,7 +3,7 @@
 // The GEMM computes an accumulator tile over packed gate/up columns (tile_n packed
 // columns). This epilogue pairs every gate accumulator with its up accumulator, which sit
 // in the same thread's registers (where exactly is the `Pairs` policy below: one per
-// kernel), combines them in fp32 (SiLU(g) * u), rounds once, and writes a half-width
+// kernel), combines them in fp32 (act(g) * u), rounds once, and writes a half-width
 // [tile_m, tile_n / 2] output tile. The packed layout's quad transpose (jax_swiglu/
 // _layout.py) gives each thread 8 consecutive output columns per 32-column run, so every
 // store is 16 bytes, by one of two paths (kStore):
@@ -30,15 +30,21 @@
 
 namespace jax_swiglu {
 
-// SiLU(g) = g / (1 + exp(-g)) in fp32, two ways that cost the SM different things. The
+// The gate's activation, act(g) in fp32, as a product g * sigmoid(t) for both activations:
+//  - SiLU: t = g.
+//  - GELU, tanh form (Gemma's GeGLU): 0.5 * (1 + tanh(z)) = sigmoid(2z), so
+//    gelu_tanh(g) = g * sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3)). Written through the
+//    sigmoid it costs two more FMA-pipe instructions than SiLU and keeps its accuracy where
+//    tanh(z) nears -1: 1 + tanh(z) from a tanh of bounded relative error would cancel there.
+// The sigmoid, 1 / (1 + exp(-t)) in fp32, two ways that cost the SM different things. The
 // cooperative kernel's epilogue runs while the tensor cores wait, and for a 128x128 output
 // tile it is bound by two limits: the SM issues one instruction per clock per scheduler
 // (each of the 8 math warps issues ~800 instructions per tile, 2 warps per scheduler)
 // and 16 MUFU ops per clock (CUDA guide's throughput table). Both ways use MUFU.EX2 for
-// exp(-g); the reciprocal is either:
+// exp(-t); the reciprocal is either:
 //  - MUFU.RCP: 6 instructions per element, 2 of them MUFU, or
 //  - Newton-Raphson on the FMA pipe: 11 instructions, 1 MUFU. A guess from the float's
-//    bits (relative error at most 0.051 while 1 + exp(-g) < 2^125, i.e. g > -86.6) and
+//    bits (relative error at most 0.051 while 1 + exp(-t) < 2^125, i.e. t > -86.6) and
 //    two Newton steps, each squaring the error: at most 6.6e-6 there (an fp32 emulation),
 //    far below a bf16 half-ulp, so the output still rounds once from a near-exact value.
 // MUFU.RCP alone makes a tile's SiLU 2048 MUFU clocks, Newton alone ~2000 issue clocks;
@@ -47,31 +53,43 @@ namespace jax_swiglu {
 // time (one math warp per scheduler) while the other's wgmmas run: there the chain of
 // dependent instructions is what counts, and MUFU.RCP on every column measured faster than
 // alternating on every shape tried (docs/design.md).
-// Range, both ways: SiLU(+inf) = inf, SiLU(-inf) = -inf * 0 = NaN, SiLU(NaN) = NaN, as in
-// the reference. Below g = -86.6 the sigmoid is under 2^-125, and each way returns a tiny
-// value or 0 where the reference has a tiny value or 0 (outputs at most ~1e-36 apart):
-// MUFU.RCP flushes denormal results to 0; Newton caps exp(-g) just below 2^128 (so
-// 1 + exp(-g) stays finite), its guess degrades past 2^125 and is clamped to +0 from
-// ~2^127 on, which the steps keep.
+// Range, both ways and both activations: act(+inf) = inf, act(-inf) = -inf * 0 = NaN,
+// act(NaN) = NaN, as in the reference. Below t = -86.6 the sigmoid is under 2^-125, and
+// each way returns a tiny value or 0 where the reference has a tiny value or 0 (outputs at
+// most ~1e-36 apart): MUFU.RCP flushes denormal results to 0; Newton caps exp(-t) just
+// below 2^128 (so 1 + exp(-t) stays finite), its guess degrades past 2^125 and is clamped
+// to +0 from ~2^127 on, which the steps keep.
 template <bool kNewtonReciprocal>
-CUTLASS_DEVICE float Silu(float gate) {
+CUTLASS_DEVICE float Sigmoid(float t) {
   constexpr float kMinusLog2E = -1.44269504088896341f;
-  float exp_minus_gate, sigmoid;
+  float exp_minus_t, sigmoid;
   if constexpr (kNewtonReciprocal) {
     constexpr float kMaxExponent = 127.99f;       // 2^127.99 < FLT_MAX
     constexpr int kReciprocalGuess = 0x7EF311C3;  // 2^127 / d, roughly, in integer bits
     asm("ex2.approx.ftz.f32 %0, %1;"
-        : "=f"(exp_minus_gate)
-        : "f"(fminf(gate * kMinusLog2E, kMaxExponent)));  // fminf(NaN, c) = c
-    const float denominator = 1.0f + exp_minus_gate;
+        : "=f"(exp_minus_t)
+        : "f"(fminf(t * kMinusLog2E, kMaxExponent)));  // fminf(NaN, c) = c
+    const float denominator = 1.0f + exp_minus_t;
     sigmoid = __int_as_float(max(kReciprocalGuess - __float_as_int(denominator), 0));
     sigmoid = fmaf(sigmoid, fmaf(-denominator, sigmoid, 1.0f), sigmoid);
     sigmoid = fmaf(sigmoid, fmaf(-denominator, sigmoid, 1.0f), sigmoid);
   } else {
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(exp_minus_gate) : "f"(gate * kMinusLog2E));
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(sigmoid) : "f"(1.0f + exp_minus_gate));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(exp_minus_t) : "f"(t * kMinusLog2E));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(sigmoid) : "f"(1.0f + exp_minus_t));
   }
-  return gate * sigmoid;
+  return sigmoid;
+}
+
+template <Activation kActivation, bool kNewtonReciprocal>
+CUTLASS_DEVICE float Activate(float gate) {
+  if constexpr (kActivation == Activation::Silu) {
+    return gate * Sigmoid<kNewtonReciprocal>(gate);
+  } else {
+    static_assert(kActivation == Activation::GeluTanh, "an activation without its math");
+    constexpr float kLinear = 1.5957691216057308f;              // 2 sqrt(2 / pi)
+    constexpr float kCubic = 1.5957691216057308f * 0.044715f;   // 2 sqrt(2 / pi) 0.044715
+    return gate * Sigmoid<kNewtonReciprocal>(gate * fmaf(kCubic, gate * gate, kLinear));
+  }
 }
 
 // Where a thread's gate and up accumulators pair up, for each kernel. Accumulator
@@ -82,12 +100,13 @@ CUTLASS_DEVICE float Silu(float gate) {
 
 // Interleaved kernel: the tile spans [gate block | up block | ...] of kGateUpBlock columns
 // each, so the up partner of 8-column block q of the tile (q = mma_n * kBlocks + block) is
-// block q + kGateUpBlock / 8, and SiLU is still due. In every compiled config the atom
-// holds whole pairs (config 8's 320-wide tile runs 64-wide atoms), so the partner is in the
-// same atom; an atom width that is not a multiple of 64 (say 160) would put it in the next.
-// kAlternateReciprocal: SiLU's reciprocal alternates Newton (even columns) and MUFU.RCP
-// (odd), for the cooperative schedule, or is MUFU.RCP on both, for pingpong (see Silu).
-template <bool kAlternateReciprocal>
+// block q + kGateUpBlock / 8, and the activation is still due. In every compiled config the
+// atom holds whole pairs (config 8's 320-wide tile runs 64-wide atoms), so the partner is in
+// the same atom; an atom width that is not a multiple of 64 (say 160) would put it in the next.
+// kAlternateReciprocal: the sigmoid's reciprocal alternates Newton (even columns) and
+// MUFU.RCP (odd), for the cooperative schedule, or is MUFU.RCP on both, for pingpong (see
+// Sigmoid). kActivation: the gate's activation (Activate).
+template <bool kAlternateReciprocal, Activation kActivation>
 struct InterleavedPairs {
   static constexpr int kBlocksPerHalf = kGateUpBlock / 8;
   template <int kBlocks>
@@ -105,39 +124,45 @@ struct InterleavedPairs {
   CUTLASS_HOST_DEVICE static constexpr int OutputColumn(int packed_n) {
     return (packed_n / (2 * kGateUpBlock)) * kGateUpBlock + packed_n % kGateUpBlock;
   }
-  // `column`: 0 or 1, which of a thread's two adjacent columns (see Silu for why).
+  // `column`: 0 or 1, which of a thread's two adjacent columns (see Sigmoid for why).
   template <int column>
   CUTLASS_DEVICE static float Combine(float gate, float up) {
-    return Silu<kAlternateReciprocal && column == 0>(gate) * up;
+    return Activate<kActivation, kAlternateReciprocal && column == 0>(gate) * up;
   }
 };
 
+// (The pairing depends on neither the activation nor the reciprocal: checked on two.)
+namespace pairing_check {
+using Straddling = InterleavedPairs<true, Activation::Silu>;
+using WithinAtom = InterleavedPairs<false, Activation::GeluTanh>;
+}  // namespace pairing_check
 // The pairing, checked where a pair straddles two atoms: with 160-wide atoms (20 blocks),
 // packed columns 128-159 (atom 0, blocks 16-19) are gate and their up partners are columns
 // 160-191 (atom 1, blocks 0-3); columns 160-191 themselves are up.
-static_assert(InterleavedPairs<true>::IsGate<20>(16, 0) &&
-                  InterleavedPairs<true>::UpBlock<20>(16, 0) == 0 &&
-                  InterleavedPairs<true>::UpMmaN<20>(16, 0) == 1 &&
-                  InterleavedPairs<true>::UpBlock<20>(19, 0) == 3 &&
-                  !InterleavedPairs<true>::IsGate<20>(0, 1) &&
-                  InterleavedPairs<true>::IsGate<20>(4, 1) &&
-                  InterleavedPairs<true>::UpBlock<20>(4, 1) == 8 &&
-                  InterleavedPairs<true>::UpMmaN<20>(4, 1) == 1,
+static_assert(pairing_check::Straddling::IsGate<20>(16, 0) &&
+                  pairing_check::Straddling::UpBlock<20>(16, 0) == 0 &&
+                  pairing_check::Straddling::UpMmaN<20>(16, 0) == 1 &&
+                  pairing_check::Straddling::UpBlock<20>(19, 0) == 3 &&
+                  !pairing_check::Straddling::IsGate<20>(0, 1) &&
+                  pairing_check::Straddling::IsGate<20>(4, 1) &&
+                  pairing_check::Straddling::UpBlock<20>(4, 1) == 8 &&
+                  pairing_check::Straddling::UpMmaN<20>(4, 1) == 1,
               "gate/up pairing across MMA atoms");
 // ... and within one 64-wide atom (8 blocks): blocks 0-3 gate, partners 4-7.
-static_assert(InterleavedPairs<false>::IsGate<8>(3, 2) &&
-                  !InterleavedPairs<false>::IsGate<8>(4, 2) &&
-                  InterleavedPairs<false>::UpBlock<8>(3, 2) == 7 &&
-                  InterleavedPairs<false>::UpMmaN<8>(3, 2) == 2,
+static_assert(pairing_check::WithinAtom::IsGate<8>(3, 2) &&
+                  !pairing_check::WithinAtom::IsGate<8>(4, 2) &&
+                  pairing_check::WithinAtom::UpBlock<8>(3, 2) == 7 &&
+                  pairing_check::WithinAtom::UpMmaN<8>(3, 2) == 2,
               "gate/up pairing within an MMA atom");
 
 template <class Pairs>
 inline constexpr bool kIsInterleavedPairs = false;
-template <bool kAlternateReciprocal>
-inline constexpr bool kIsInterleavedPairs<InterleavedPairs<kAlternateReciprocal>> = true;
+template <bool kAlternateReciprocal, Activation kActivation>
+inline constexpr bool kIsInterleavedPairs<InterleavedPairs<kAlternateReciprocal, kActivation>> =
+    true;
 
 // Gate-then-up (pingpong) kernel: the gate pass accumulates into MMA_N index 0 and the up
-// pass into index 1, and the mainloop has already replaced the gate values by SiLU(g).
+// pass into index 1, and the mainloop has already replaced the gate values by act(g).
 struct SequentialPairs {
   template <int kBlocks>
   CUTLASS_HOST_DEVICE static constexpr bool IsGate(int /*block*/, int mma_n) {
@@ -153,8 +178,8 @@ struct SequentialPairs {
   }
   CUTLASS_HOST_DEVICE static constexpr int OutputColumn(int packed_n) { return packed_n; }
   template <int column>
-  CUTLASS_DEVICE static float Combine(float silu_gate, float up) {
-    return silu_gate * up;
+  CUTLASS_DEVICE static float Combine(float activated_gate, float up) {
+    return activated_gate * up;
   }
 };
 

@@ -1,5 +1,8 @@
 """What the nnx and linen modules share: the two param layouts, conversion, the forward math.
 
+The block is ``down(act(gate(x)) * up(x))`` with ``act`` SiLU (SwiGLU) or GELU's tanh form
+(GeGLU, Gemma), the modules' ``activation`` (see :data:`jax_swiglu.ACTIVATIONS`).
+
 Param layouts (plain nested dicts of arrays, as ``nnx.to_pure_dict(nnx.state(m, nnx.Param))``
 and linen's ``variables["params"]`` give them; K = hidden size, N = intermediate size)::
 
@@ -20,7 +23,7 @@ import jax.numpy as jnp
 
 from .. import _layout
 from .._api import fused_mlp
-from .._reference import swiglu_reference
+from .._reference import check_activation, swiglu_reference
 
 # Logical axis names of the parameters, for flax's logical sharding rules.
 EMBED = "embed"  # hidden size K
@@ -43,20 +46,21 @@ def check_kernel_dtype(dtype) -> None:
 
 # --- forward passes -------------------------------------------------------------------------
 
-def fused_forward(x, gate_up, down, n: int, *, dtype, kernel: str):
-    """``down(SiLU(gate(x)) * up(x))`` through :func:`jax_swiglu.fused_mlp`, in ``dtype``.
+def fused_forward(x, gate_up, down, n: int, *, dtype, kernel: str, activation: str = "silu"):
+    """``down(act(gate(x)) * up(x))`` through :func:`jax_swiglu.fused_mlp`, in ``dtype``.
 
     The casts are no-ops when the weights are stored in ``dtype``; otherwise each call
     converts the whole packed and down matrices (reads and writes every weight once more).
     """
     packed = _layout.PackedWeights(gate_up.astype(dtype), n)
-    return fused_mlp(jnp.asarray(x).astype(dtype), packed, down.astype(dtype), kernel=kernel)
+    return fused_mlp(jnp.asarray(x).astype(dtype), packed, down.astype(dtype), kernel=kernel,
+                     activation=activation)
 
 
-def reference_forward(x, gate, up, down, *, dtype):
+def reference_forward(x, gate, up, down, *, dtype, activation: str = "silu"):
     """The same block in plain XLA: :func:`jax_swiglu.swiglu_reference`, then the down dot."""
     x = jnp.asarray(x).astype(dtype)
-    hidden = swiglu_reference(x, gate.astype(dtype), up.astype(dtype))
+    hidden = swiglu_reference(x, gate.astype(dtype), up.astype(dtype), activation=activation)
     return jnp.matmul(hidden, down.astype(dtype))
 
 

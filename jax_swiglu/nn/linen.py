@@ -1,4 +1,5 @@
-"""``flax.linen`` modules for the Llama/Qwen MLP block ``down(SiLU(gate(x)) * up(x))``.
+"""``flax.linen`` modules for the gated MLP block ``down(act(gate(x)) * up(x))`` (SwiGLU or
+GeGLU, the ``activation`` attribute).
 
 The same blocks as :mod:`jax_swiglu.nn.nnx`, in linen's style: the hidden size K comes
 from the input at ``init``, as with ``nn.Dense``. Param trees are the ones
@@ -38,7 +39,7 @@ class Projection(nn.Module):
 
 
 class SwiGLUMLP(nn.Module):
-    """The unfused reference block: ``down_proj(SiLU(gate_proj(x)) * up_proj(x))``, plain XLA.
+    """The unfused reference block: ``down_proj(act(gate_proj(x)) * up_proj(x))``, plain XLA.
 
     Computes exactly :func:`jax_swiglu.swiglu_reference`, then the down dot in ``dtype``.
     Params, 3*K*N in all: ``gate_proj.kernel`` and ``up_proj.kernel`` [K, N]
@@ -47,12 +48,14 @@ class SwiGLUMLP(nn.Module):
     Attributes:
       intermediate_size: N.
       dtype: the computation and output dtype. param_dtype: the stored dtype.
+      activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU).
       kernel_init: initializer of the three kernels.
     """
 
     intermediate_size: int
     dtype: Any = jnp.bfloat16
     param_dtype: Any = jnp.bfloat16
+    activation: str = "silu"
     kernel_init: Initializer = default_kernel_init
 
     def _kernel(self, name: str, shape: tuple[int, int], axes: tuple[str, str]) -> jax.Array:
@@ -67,7 +70,8 @@ class SwiGLUMLP(nn.Module):
         gate = self._kernel("gate_proj", (k, n), _common.GATE_UP_AXES)
         up = self._kernel("up_proj", (k, n), _common.GATE_UP_AXES)
         down = self._kernel("down_proj", (n, k), _common.DOWN_AXES)
-        return _common.reference_forward(x, gate, up, down, dtype=self.dtype)
+        return _common.reference_forward(x, gate, up, down, dtype=self.dtype,
+                                         activation=self.activation)
 
 
 class FusedSwiGLUMLP(nn.Module):
@@ -85,6 +89,7 @@ class FusedSwiGLUMLP(nn.Module):
       param_dtype: the stored dtype; if it differs from ``dtype`` every call casts all the
         weights (about 4x the weight traffic for float32 storage), so store ``dtype``.
       kernel: ``"auto"``, ``"interleaved"`` or ``"xla"``, as in :func:`jax_swiglu.swiglu`.
+      activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU).
       kernel_init: initializer of gate, up and down.
     """
 
@@ -92,6 +97,7 @@ class FusedSwiGLUMLP(nn.Module):
     dtype: Any = jnp.bfloat16
     param_dtype: Any = jnp.bfloat16
     kernel: str = "auto"
+    activation: str = "silu"
     kernel_init: Initializer = default_kernel_init
 
     @nn.compact
@@ -99,6 +105,7 @@ class FusedSwiGLUMLP(nn.Module):
         """``[..., K] -> [..., K]`` in ``dtype``."""
         _common.check_kernel_dtype(self.dtype)
         selection.check_kernel_name(self.kernel)
+        _common.check_activation(self.activation)
         k, n = x.shape[-1], self.intermediate_size
 
         def init_gate_up(key):
@@ -111,4 +118,5 @@ class FusedSwiGLUMLP(nn.Module):
 
         gate_up = Projection(init_gate_up, _common.GATE_UP_AXES, name="gate_up_proj")()
         down = Projection(init_down, _common.DOWN_AXES, name="down_proj")()
-        return _common.fused_forward(x, gate_up, down, n, dtype=self.dtype, kernel=self.kernel)
+        return _common.fused_forward(x, gate_up, down, n, dtype=self.dtype, kernel=self.kernel,
+                                     activation=self.activation)

@@ -1,4 +1,5 @@
-"""``flax.nnx`` modules for the Llama/Qwen MLP block ``down(SiLU(gate(x)) * up(x))``.
+"""``flax.nnx`` modules for the gated MLP block ``down(act(gate(x)) * up(x))``: SwiGLU
+(``activation="silu"``: Llama, Qwen, Mistral) or GeGLU (``"gelu_tanh"``: Gemma).
 
 :class:`FusedSwiGLUMLP` runs the block through :func:`jax_swiglu.fused_mlp`;
 :class:`SwiGLUMLP` is the same block in plain XLA (the reference, and the layout that
@@ -55,7 +56,7 @@ def _weights(params: Mapping | None, rngs: nnx.Rngs | None, draw: Callable[[nnx.
 
 
 class SwiGLUMLP(nnx.Module):
-    """The unfused reference block: ``down_proj(SiLU(gate_proj(x)) * up_proj(x))``, plain XLA.
+    """The unfused reference block: ``down_proj(act(gate_proj(x)) * up_proj(x))``, plain XLA.
 
     Computes exactly :func:`jax_swiglu.swiglu_reference` (fp32 products and activation,
     rounded once to ``dtype``) followed by the down dot in ``dtype``.
@@ -71,14 +72,17 @@ class SwiGLUMLP(nnx.Module):
       hidden_size, intermediate_size: K and N.
       dtype: the computation dtype; inputs and weights are cast to it, outputs are in it.
       param_dtype: the stored dtype of the weights.
+      activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU).
       kernel_init: initializer of the three kernels (drawn gate, up, down in that order).
       rngs: draws random weights; or
       params: given weights, ``{"gate_proj": {"kernel": ...}, "up_proj": ..., "down_proj": ...}``.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, dtype=jnp.bfloat16,
-                 param_dtype=jnp.bfloat16, kernel_init: Initializer = default_kernel_init,
+                 param_dtype=jnp.bfloat16, activation: str = "silu",
+                 kernel_init: Initializer = default_kernel_init,
                  rngs: nnx.Rngs | None = None, params: Mapping | None = None):
+        _common.check_activation(activation)
         k, n = hidden_size, intermediate_size
 
         def draw(rngs):
@@ -96,20 +100,23 @@ class SwiGLUMLP(nnx.Module):
         self.intermediate_size = n
         self.dtype = jnp.dtype(dtype)
         self.param_dtype = jnp.dtype(param_dtype)
+        self.activation = activation
 
     @classmethod
-    def from_params(cls, params: Mapping, *, dtype=jnp.bfloat16, param_dtype=None) -> SwiGLUMLP:
+    def from_params(cls, params: Mapping, *, dtype=jnp.bfloat16, param_dtype=None,
+                    activation: str = "silu") -> SwiGLUMLP:
         """From unfused params; ``param_dtype`` defaults to the kernels' own dtype."""
         down = jnp.asarray(_common.kernel_of(params, "down_proj", "unfused"))
         n, k = down.shape
         param_dtype = down.dtype if param_dtype is None else param_dtype
-        return cls(k, n, dtype=dtype, param_dtype=param_dtype, params=params)
+        return cls(k, n, dtype=dtype, param_dtype=param_dtype, activation=activation,
+                   params=params)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``[..., K] -> [..., K]`` in ``dtype``."""
         return _common.reference_forward(
             x, self.gate_proj.kernel[...], self.up_proj.kernel[...], self.down_proj.kernel[...],
-            dtype=self.dtype)
+            dtype=self.dtype, activation=self.activation)
 
 
 class FusedSwiGLUMLP(nnx.Module):
@@ -135,6 +142,8 @@ class FusedSwiGLUMLP(nnx.Module):
         reads its 2, about 4x the weight traffic of storing ``dtype`` (which dominates at
         decode sizes). Store the weights in ``dtype`` for inference.
       kernel: ``"auto"``, ``"interleaved"`` or ``"xla"``, as in :func:`jax_swiglu.swiglu`.
+      activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU), as in
+        :func:`jax_swiglu.swiglu`.
       kernel_init: initializer, drawn gate, up, down in that order as :class:`SwiGLUMLP`
         does, so the same ``rngs`` give both modules the same weights.
       rngs: draws random weights; or
@@ -142,11 +151,12 @@ class FusedSwiGLUMLP(nnx.Module):
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, dtype=jnp.bfloat16,
-                 param_dtype=jnp.bfloat16, kernel: str = "auto",
+                 param_dtype=jnp.bfloat16, kernel: str = "auto", activation: str = "silu",
                  kernel_init: Initializer = default_kernel_init,
                  rngs: nnx.Rngs | None = None, params: Mapping | None = None):
         _common.check_kernel_dtype(dtype)
         selection.check_kernel_name(kernel)
+        _common.check_activation(activation)
         k, n = hidden_size, intermediate_size
         _layout.check_alignment(k, n)
 
@@ -167,29 +177,33 @@ class FusedSwiGLUMLP(nnx.Module):
         self.dtype = jnp.dtype(dtype)
         self.param_dtype = jnp.dtype(param_dtype)
         self.kernel = kernel
+        self.activation = activation
 
     @classmethod
     def from_params(cls, params: Mapping, *, dtype=jnp.bfloat16, param_dtype=None,
-                    kernel: str = "auto") -> FusedSwiGLUMLP:
+                    kernel: str = "auto", activation: str = "silu") -> FusedSwiGLUMLP:
         """From fused params (see :func:`jax_swiglu.nn.fuse_params`, ``fuse_hf_weights``);
         ``param_dtype`` defaults to the kernels' own dtype."""
         down = jnp.asarray(_common.kernel_of(params, "down_proj", "fused"))
         n, k = down.shape
         param_dtype = down.dtype if param_dtype is None else param_dtype
-        return cls(k, n, dtype=dtype, param_dtype=param_dtype, kernel=kernel, params=params)
+        return cls(k, n, dtype=dtype, param_dtype=param_dtype, kernel=kernel,
+                   activation=activation, params=params)
 
     @classmethod
     def from_unfused(cls, mlp: SwiGLUMLP, *, kernel: str = "auto") -> FusedSwiGLUMLP:
-        """The same block, packed once; keeps ``mlp``'s dtype and param_dtype."""
+        """The same block, packed once; keeps ``mlp``'s dtype, param_dtype and activation."""
         params = _common.fuse_params(nnx.to_pure_dict(nnx.state(mlp, nnx.Param)))
         return cls(mlp.hidden_size, mlp.intermediate_size, dtype=mlp.dtype,
-                   param_dtype=mlp.param_dtype, kernel=kernel, params=params)
+                   param_dtype=mlp.param_dtype, kernel=kernel, activation=mlp.activation,
+                   params=params)
 
     def to_unfused(self) -> SwiGLUMLP:
         """The same block as :class:`SwiGLUMLP` (exact weights), e.g. for export."""
         params = _common.unfuse_params(nnx.to_pure_dict(nnx.state(self, nnx.Param)))
         return SwiGLUMLP(self.hidden_size, self.intermediate_size, dtype=self.dtype,
-                         param_dtype=self.param_dtype, params=params)
+                         param_dtype=self.param_dtype, activation=self.activation,
+                         params=params)
 
     def packed_weights(self) -> _layout.PackedWeights:
         """The stored gate/up weights as :class:`jax_swiglu.PackedWeights` (in ``param_dtype``)."""
@@ -204,10 +218,11 @@ class FusedSwiGLUMLP(nnx.Module):
         x = jax.ShapeDtypeStruct(x.shape, self.dtype)
         data = jax.ShapeDtypeStruct(self.gate_up_proj.kernel.shape, self.dtype)
         return _api.explain(x, _layout.PackedWeights(data, self.intermediate_size),
-                            kernel=self.kernel, platform=platform)
+                            kernel=self.kernel, activation=self.activation, platform=platform)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``[..., K] -> [..., K]`` in ``dtype``."""
         return _common.fused_forward(
             x, self.gate_up_proj.kernel[...], self.down_proj.kernel[...],
-            self.intermediate_size, dtype=self.dtype, kernel=self.kernel)
+            self.intermediate_size, dtype=self.dtype, kernel=self.kernel,
+            activation=self.activation)

@@ -109,9 +109,14 @@ def _xla(reason: str, source: str = "") -> Choice:
     return Choice("xla", None, None, reason, source)
 
 
-def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto",
-           platform: str = "cuda") -> Choice:
-    """Picks the implementation for a ``[m, k] x [k, 2n]`` call of ``dtype`` on ``platform``."""
+def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto", platform: str = "cuda",
+           activation: str = "silu") -> Choice:
+    """Picks the implementation for a ``[m, k] x [k, 2n]`` call of ``dtype`` on ``platform``.
+
+    The activation does not enter the decision: it changes a few instructions per output
+    element of the epilogue, not the tiles' traffic or waves, so the tuning data (measured
+    with SiLU) serves both; it picks the FFI target.
+    """
     from .. import __version__
 
     requested, source = requested_kernel(kernel)
@@ -170,9 +175,10 @@ def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto",
         if launch["splits"] > 1 and not config.splits_k:
             raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: config {config.id} has no "
                              "split-K (only stream-K configs take splits)")
-    target = _native.targets().get((kernel_name, dtype_name))
+    target = _native.targets().get((kernel_name, activation, dtype_name))
     if target is None:
-        raise TypeError(f"the {kernel_name} kernel is not built for dtype {dtype}")
+        raise TypeError(f"the {kernel_name} kernel is not built for activation {activation!r} "
+                        f"and dtype {dtype}; this build has {sorted(_native.targets())}")
     config = configs[launch["config"]]
     splits = launch["splits"] if config.splits_k else 1
     return Choice(kernel_name, config, target, reason, by, launch["swizzle"], launch["raster"],

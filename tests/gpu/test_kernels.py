@@ -3,7 +3,8 @@
 Each case draws fresh random inputs, poisons the output buffer with NaN (the output is
 written into a donated NaN array, see ``test_output_is_written_in_place``), and requires
 relative Frobenius error < 1e-2 and zero elements with |y - r| > 0.01 |r| + 1e-3, where r
-is SiLU(x @ Wg) * (x @ Wu) computed in fp32 from the same bf16 inputs.
+is act(x @ Wg) * (x @ Wu) computed in fp32 from the same bf16 inputs, for each activation
+(SiLU and GELU's tanh form: the tests taking ``activation`` run both).
 
 Set JAX_SWIGLU_GPU_REPORT=path.jsonl to record every case's numbers.
 """
@@ -28,12 +29,22 @@ FUSED_KERNELS = [k for k in jax_swiglu.KERNELS if k in jax_swiglu.kernel_configs
 M_VALUES = [1, 7, 64, 128, 1000, 2048, 8192]
 
 
+@pytest.fixture(params=list(jax_swiglu.ACTIVATIONS))
+def activation(request):
+    return request.param
+
+
+def test_every_activation_is_compiled():
+    assert jax_swiglu._native.activations() == tuple(jax_swiglu.ACTIVATIONS)
+
+
 @functools.cache
-def _fused(kernel):
+def _fused(kernel, activation="silu"):
     # The NaN-filled first argument is donated and aliased to the output, so the kernel
     # writes into poisoned memory and any element it skips stays NaN. keep_unused: an
     # unused argument would otherwise be pruned, donation and all.
-    return jax.jit(lambda poison, x, packed: swiglu(x, packed, kernel=kernel),
+    return jax.jit(lambda poison, x, packed: swiglu(x, packed, kernel=kernel,
+                                                    activation=activation),
                    donate_argnums=0, keep_unused=True)
 
 
@@ -46,12 +57,13 @@ def _inputs(key, m, k, n, dtype):
     return x, w_gate, w_up, pack_weights(w_gate, w_up).data
 
 
-@jax.jit
-def _errors(y, x, w_gate, w_up):
+@functools.partial(jax.jit, static_argnums=4)
+def _errors(y, x, w_gate, w_up, activation):
     """Mismatch count, relative Frobenius error and max abs error against the fp32 reference."""
     f32 = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
     x = x.astype(jnp.float32)
-    r = jax.nn.silu(f32(x, w_gate.astype(jnp.float32))) * f32(x, w_up.astype(jnp.float32))
+    act = jax_swiglu.ACTIVATIONS[activation]
+    r = act(f32(x, w_gate.astype(jnp.float32))) * f32(x, w_up.astype(jnp.float32))
     y = y.astype(jnp.float32)
     diff = jnp.abs(y - r)
     ok = diff <= 0.01 * jnp.abs(r) + 1e-3  # False for NaN: unwritten elements count
@@ -66,15 +78,15 @@ def _record(**row):
             f.write(json.dumps(row) + "\n")
 
 
-def check_kernel(kernel, m, k, n, key, dtype=jnp.bfloat16):
+def check_kernel(kernel, m, k, n, key, dtype=jnp.bfloat16, activation="silu"):
     x, w_gate, w_up, packed_data = _inputs(key, m, k, n, jnp.dtype(dtype))
     packed = jax_swiglu.PackedWeights(packed_data, n)
     poison = jnp.full((m, n), jnp.nan, dtype)
-    y = _fused(kernel)(poison, x, packed)
-    mismatches, rel_fro, max_abs = (float(v) for v in _errors(y, x, w_gate, w_up))
-    _record(kernel=kernel, m=m, k=k, n=n, dtype=jnp.dtype(dtype).name,
+    y = _fused(kernel, activation)(poison, x, packed)
+    mismatches, rel_fro, max_abs = (float(v) for v in _errors(y, x, w_gate, w_up, activation))
+    _record(kernel=kernel, m=m, k=k, n=n, dtype=jnp.dtype(dtype).name, activation=activation,
             mismatches=int(mismatches), rel_fro=rel_fro, max_abs_err=max_abs,
-            choice=jax_swiglu.explain(x, packed, kernel=kernel))
+            choice=jax_swiglu.explain(x, packed, kernel=kernel, activation=activation))
     assert mismatches == 0, f"{int(mismatches)} elements off (rel_fro={rel_fro:.3g})"
     assert rel_fro < 1e-2
     return y
@@ -83,16 +95,16 @@ def check_kernel(kernel, m, k, n, key, dtype=jnp.bfloat16):
 @pytest.mark.parametrize("kernel", FUSED_KERNELS)
 @pytest.mark.parametrize("model", list(QWEN25_MLPS))
 @pytest.mark.parametrize("m", M_VALUES)
-def test_qwen_shapes(kernel, model, m, key):
+def test_qwen_shapes(kernel, model, m, key, activation):
     k, n = QWEN25_MLPS[model]
-    check_kernel(kernel, m, k, n, key)
+    check_kernel(kernel, m, k, n, key, activation=activation)
 
 
 @pytest.mark.parametrize("kernel", FUSED_KERNELS)
 @pytest.mark.parametrize("m, k, n", [(1, 64, 8), (63, 136, 200), (129, 512, 1000), (300, 2048, 72)])
-def test_odd_shapes(kernel, m, k, n, key):
+def test_odd_shapes(kernel, m, k, n, key, activation):
     """Partial tiles in M, N below one tile, N not a multiple of the gate/up block."""
-    check_kernel(kernel, m, k, n, key)
+    check_kernel(kernel, m, k, n, key, activation=activation)
 
 
 def _any_m_configs(kernel):
@@ -105,19 +117,19 @@ def _any_m_configs(kernel):
 @pytest.mark.parametrize("kernel, config", [
     (kernel, config) for kernel in FUSED_KERNELS for config in _any_m_configs(kernel)])
 @pytest.mark.parametrize("m", [5, 300, 2048])
-def test_every_compiled_config(kernel, config, m, key, monkeypatch):
+def test_every_compiled_config(kernel, config, m, key, monkeypatch, activation):
     """Every compiled config, whether or not the selection picks it for the grid above."""
     monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(config))
     jax.clear_caches()  # the variable is read at lowering
     try:
-        check_kernel(kernel, m, 1536, 8960, key)
+        check_kernel(kernel, m, 1536, 8960, key, activation=activation)
     finally:
         jax.clear_caches()
 
 
 @pytest.mark.parametrize("config", _any_m_configs("interleaved"))
 @pytest.mark.parametrize("m", [200, 1920, 1921])
-def test_edge_tiles(config, m, key, monkeypatch):
+def test_edge_tiles(config, m, key, monkeypatch, activation):
     """Tiles past the edge, whose loads move inside (ffi/kernels/edge_tiles.cuh), on every
     interleaved config: M = 1921 leaves 1 row in the last 128-row tile and 129 in the last
     256-row one; 1920 makes 15 rows of 128-row tiles, which 2x1 clusters pad with a tile wholly
@@ -126,7 +138,7 @@ def test_edge_tiles(config, m, key, monkeypatch):
     monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(config))
     jax.clear_caches()  # the variable is read at lowering
     try:
-        check_kernel("interleaved", m, 512, 11008, key)
+        check_kernel("interleaved", m, 512, 11008, key, activation=activation)
     finally:
         jax.clear_caches()
 
@@ -190,18 +202,22 @@ def test_m_bands(config, twin, k, n, key, monkeypatch, request):
 
 @pytest.mark.parametrize("kernel", FUSED_KERNELS)
 @pytest.mark.parametrize("m", [7, 2048])
-def test_float16(kernel, m, key):
-    check_kernel(kernel, m, 1536, 8960, key, dtype=jnp.float16)
+def test_float16(kernel, m, key, activation):
+    check_kernel(kernel, m, 1536, 8960, key, dtype=jnp.float16, activation=activation)
 
 
 @pytest.mark.parametrize("kernel, config", [(kernel, None) for kernel in FUSED_KERNELS] + [
     ("interleaved", config) for config in _any_m_configs("interleaved")])
-def test_silu_over_the_whole_float_range(kernel, config, monkeypatch, request):
-    """SiLU as the kernels compute it (MUFU exp; the reciprocal Newton's on even output columns
-    and MUFU's on odd ones, or MUFU's on all in the interleaved kernel's pingpong configs)
-    against the reference's, for gates from -inf to inf: x = e_0 makes every row's gate and up
-    the first weight row. Each special value sits on both parities. With `config`, that
-    interleaved config is forced (else the selection's)."""
+def test_activation_over_the_whole_float_range(kernel, config, activation, monkeypatch,
+                                               request):
+    """The activation as the kernels compute it (MUFU exp; the sigmoid's reciprocal Newton's on
+    even output columns and MUFU's on odd ones, or MUFU's on all in the interleaved kernel's
+    pingpong configs) against the exact one, for gates from -inf to inf: x = e_0 makes every
+    row's gate and up the first weight row. Each special value sits on both parities. With
+    `config`, that interleaved config is forced (else the selection's). The exact values are
+    float64 numpy: fp32's 1 + tanh(z) in jax.nn.gelu cancels for gates below about -5 (where
+    outputs are far below the random-input tests' absolute tolerance), the sigmoid form does
+    not."""
     if config is not None:
         monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(config))
     jax.clear_caches()  # the variable is read at lowering
@@ -214,10 +230,16 @@ def test_silu_over_the_whole_float_range(kernel, config, monkeypatch, request):
     w_gate = jnp.zeros((k, n), jnp.bfloat16).at[0].set(jnp.asarray(gates, jnp.bfloat16))
     w_up = jnp.zeros((k, n), jnp.bfloat16).at[0].set(jnp.asarray(ups, jnp.bfloat16))
     x = jnp.zeros((m, k), jnp.bfloat16).at[:, 0].set(1)
-    y = np.asarray(_fused(kernel)(jnp.full((m, n), jnp.nan, jnp.bfloat16), x,
-                                  pack_weights(w_gate, w_up)), np.float32)
-    g, u = (np.asarray(w.astype(jnp.float32))[0] for w in (w_gate, w_up))
-    r = np.asarray(jax.nn.silu(jnp.asarray(g)) * jnp.asarray(u), np.float32)[None, :]
+    y = np.asarray(_fused(kernel, activation)(jnp.full((m, n), jnp.nan, jnp.bfloat16), x,
+                                              pack_weights(w_gate, w_up)), np.float32)
+    g, u = (np.asarray(w.astype(jnp.float32), np.float64)[0] for w in (w_gate, w_up))
+    with np.errstate(over="ignore", invalid="ignore"):
+        if activation == "silu":
+            act = g / (1 + np.exp(-g))
+        else:
+            # 0.5 (1 + tanh(z)) = sigmoid(2z), exactly; in float64 without the cancellation.
+            act = g / (1 + np.exp(-2 * np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
+    r = (act * u).astype(np.float32)[None, :]
     np.testing.assert_array_equal(np.isnan(y), np.broadcast_to(np.isnan(r), y.shape))
     np.testing.assert_array_equal(np.isinf(y), np.broadcast_to(np.isinf(r), y.shape))
     finite = np.isfinite(r)[0]
@@ -274,7 +296,8 @@ def test_stream_k_workspace_is_checked():
     assert stream_k, "no stream-K config compiled"
     m, k, n = 5, 1536, 8960  # 140 output tiles: the split spreads them over every SM
     needed = jax_swiglu._native.workspace_bytes(
-        "interleaved", "bfloat16", stream_k[0], m=m, n=n, n_packed=n, k=k, swizzle=1, raster=0)
+        "interleaved", "bfloat16", stream_k[0], m=m, n=n, n_packed=n, k=k, swizzle=1, raster=0,
+        activation="silu")
     assert needed > 0
     target = selection.choose(m, n, k, jnp.bfloat16, kernel="interleaved").target
     x = jnp.ones((m, k), jnp.bfloat16)
@@ -310,29 +333,29 @@ DECODE_M = [1, 2, 3, 7, 15, 17, 33, 63, 65, 200]
 @pytest.mark.parametrize("config", _swap_ab_configs())
 @pytest.mark.parametrize("splits", [1, 2, 4])
 @pytest.mark.parametrize("m", DECODE_M)
-def test_swap_ab_configs(config, splits, m, key, monkeypatch, request):
+def test_swap_ab_configs(config, splits, m, key, monkeypatch, request, activation):
     """Weights on the wgmma M side, gate and up paired through shared memory, the K
     reduction split across CTAs (stream-K, or split-K 2 and 4) and summed in fixed order:
     every element written and within the criterion, on a shape whose packed columns make a
     ragged last wave (K = 2560, N = 9728: 152 tiles of 128 packed columns)."""
     request.addfinalizer(jax.clear_caches)
     _forced(monkeypatch, config, splits)
-    check_kernel("interleaved", m, 2560, 9728, key)
+    check_kernel("interleaved", m, 2560, 9728, key, activation=activation)
 
 
 @pytest.mark.parametrize("config", _swap_ab_configs())
 @pytest.mark.parametrize("m, k, n", [(1, 64, 8), (5, 136, 200), (40, 4104, 1000), (64, 8192, 96)])
-def test_swap_ab_odd_shapes(config, m, k, n, key, monkeypatch, request):
+def test_swap_ab_odd_shapes(config, m, k, n, key, monkeypatch, request, activation):
     """N below one tile and not a multiple of the gate/up block, K not a multiple of the
     k-tile, more K-tiles than tiles (every tile split)."""
     request.addfinalizer(jax.clear_caches)
     _forced(monkeypatch, config)
-    check_kernel("interleaved", m, k, n, key)
+    check_kernel("interleaved", m, k, n, key, activation=activation)
 
 
 @pytest.mark.parametrize("config", _swap_ab_configs())
 @pytest.mark.parametrize("splits", [1, 4])
-def test_swap_ab_bitwise_deterministic(config, splits, key, monkeypatch, request):
+def test_swap_ab_bitwise_deterministic(config, splits, key, monkeypatch, request, activation):
     """The split reduction adds partial sums in a fixed order: 100 calls give the same bits,
     and so does a recompiled program."""
     request.addfinalizer(jax.clear_caches)
@@ -340,10 +363,10 @@ def test_swap_ab_bitwise_deterministic(config, splits, key, monkeypatch, request
     x, _, _, packed_data = _inputs(key, m, k, n, jnp.dtype(jnp.bfloat16))
     packed = jax_swiglu.PackedWeights(packed_data, n)
     _forced(monkeypatch, config, splits)
-    call = jax.jit(lambda x, p: swiglu(x, p))
+    call = jax.jit(lambda x, p: swiglu(x, p, activation=activation))
     first = np.asarray(call(x, packed)).view(np.uint16)
     for _ in range(100):
         np.testing.assert_array_equal(np.asarray(call(x, packed)).view(np.uint16), first)
     jax.clear_caches()
-    again = jax.jit(lambda x, p: swiglu(x, p))
+    again = jax.jit(lambda x, p: swiglu(x, p, activation=activation))
     np.testing.assert_array_equal(np.asarray(again(x, packed)).view(np.uint16), first)

@@ -52,7 +52,9 @@ std::vector<Compiled> PlainLaunchers() {
 }
 template <int... Ids>
 std::vector<Compiled> FusedLaunchers() {
-  return {{Ids, &jax_swiglu::LaunchInterleaved<Ids, jax_swiglu::BF16>, false}...};
+  return {{Ids,
+           &jax_swiglu::LaunchInterleaved<Ids, jax_swiglu::BF16, jax_swiglu::Activation::Silu>,
+           false}...};
 }
 }  // namespace gemm_probe
 

@@ -26,7 +26,7 @@ for id in $PLAIN_IDS; do
   units+=("plain$id")
 done
 for id in $FUSED_IDS; do
-  printf '#include "kernels/interleaved_kernel.cuh"\ntemplate std::string jax_swiglu::LaunchInterleaved<%d, jax_swiglu::BF16>(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&, cudaStream_t);\n' "$id" > "$BUILD/fused$id.cu"
+  printf '#include "kernels/interleaved_kernel.cuh"\ntemplate std::string jax_swiglu::LaunchInterleaved<%d, jax_swiglu::BF16, jax_swiglu::Activation::Silu>(const jax_swiglu::SwigluProblem&, const jax_swiglu::DeviceFacts&, cudaStream_t);\n' "$id" > "$BUILD/fused$id.cu"
   units+=("fused$id")
 done
 cp benchmarks/research/gemm_probe/probe.cu "$BUILD/probe.cu"

@@ -288,7 +288,8 @@ template <int ConfigId, TraceVariant kVariant>
 struct TracedInterleaved {
   // The product's parts for the config (tokens on the wgmma M side), recombined here with the
   // other output path where the variant asks for it.
-  using Product = jax_swiglu::TokensOnMAssembly<ConfigId, jax_swiglu::BF16>;
+  using Product =
+      jax_swiglu::TokensOnMAssembly<ConfigId, jax_swiglu::BF16, jax_swiglu::Activation::Silu>;
   static constexpr jax_swiglu::KernelConfig kConfig = Product::kConfig;
   using Element = typename Product::Element;
   static constexpr jax_swiglu::OutputStore kStore =
@@ -297,7 +298,9 @@ struct TracedInterleaved {
                                                            : jax_swiglu::OutputStore::TmaStore;
   using Epilogue = jax_swiglu::SwiGluEpilogue<
       Element, typename Product::TileShape,
-      jax_swiglu::InterleavedPairs<kConfig.schedule == jax_swiglu::Schedule::Cooperative>, kStore>;
+      jax_swiglu::InterleavedPairs<kConfig.schedule == jax_swiglu::Schedule::Cooperative,
+                                   jax_swiglu::Activation::Silu>,
+      kStore>;
   using Built = jax_swiglu::BuiltMainloop<ConfigId, Element, typename Product::TileShape,
                                           cutlass::layout::RowMajor, cutlass::layout::RowMajor,
                                           Epilogue>;
