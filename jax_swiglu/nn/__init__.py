@@ -31,6 +31,7 @@ from ._common import (
     unfuse_params,
 )
 from .nnx import FusedSwiGLUMLP, SwiGLUMLP
+from .swap import swap_mlp_blocks
 
 __all__ = [
     "EMBED",
@@ -43,6 +44,7 @@ __all__ = [
     "fused_to_hf_weights",
     "linen",
     "nnx",
+    "swap_mlp_blocks",
     "unfuse_mlp_blocks",
     "unfuse_params",
 ]

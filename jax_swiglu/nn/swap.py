@@ -1,0 +1,230 @@
+"""Swap the gated MLP blocks of an existing ``flax.nnx`` model for :class:`FusedSwiGLUMLP`.
+
+nnx models of the Llama family (tunix's Llama 3, Qwen 2/3 and Gemma 1/3/4, and this
+package's :class:`~jax_swiglu.nn.SwiGLUMLP`) keep each MLP as a module holding three
+bias-free linear layers, ``gate_proj`` and ``up_proj`` ([in, out] kernels ``[K, N]``) and
+``down_proj`` (``[N, K]``), and compute ``down_proj(act(gate_proj(x)) * up_proj(x))``.
+:func:`swap_mlp_blocks` replaces every such block, in place, by a :class:`FusedSwiGLUMLP`
+holding the same weights, gate and up packed once. Its ``__call__(x)`` is the block's.
+
+The activation is in the block's code, which the helper cannot read: the caller names it
+(``"silu"`` for Llama and Qwen, ``"gelu_tanh"`` for Gemma's ``nnx.gelu``). A block that
+states its activation in an attribute (``activation``, ``act_fn``, ...) is checked against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping, MutableSequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .. import _layout, _reference, selection
+from . import _common
+from .nnx import FusedSwiGLUMLP
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+# Attributes in which MLP implementations (ours included) name their activation, and what
+# those names and functions are called here (jax.nn.gelu and nnx.gelu default to the tanh
+# approximation, Hugging Face's "gelu" is the exact one, which no kernel has).
+_ACTIVATION_ATTRIBUTES = ("activation", "act_fn", "activation_fn", "hidden_act",
+                          "hidden_activation")
+_KNOWN_ACTIVATIONS = {
+    **{name: name for name in _reference.ACTIVATIONS},
+    "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+}
+_KNOWN_ACTIVATION_FUNCTIONS = (
+    *((function, name) for name, function in _reference.ACTIVATIONS.items()),
+    (jax.nn.silu, "silu"), (jax.nn.gelu, "gelu_tanh"))
+
+
+class _Block:
+    """One gated MLP found in the model: where it is referenced, and what it converts to."""
+
+    def __init__(self, module: nnx.Module, path: str):
+        self.module = module
+        self.path = path
+        self.references: list[tuple[object, object]] = []  # (parent, key)
+        self.dtype = None
+
+
+def _path(keys) -> str:
+    return ".".join(map(str, keys)) or "<the model itself>"
+
+
+def _is_gated_mlp(node) -> bool:
+    # Projections that are layers; a mixture of experts keeps bare [E, K, N] params under
+    # these names instead, which are not this block.
+    return isinstance(node, nnx.Module) and all(
+        isinstance(getattr(node, name, None), nnx.Module) for name in PROJECTIONS)
+
+
+def _find_blocks(model) -> list[_Block]:
+    """Every gated MLP in ``model``'s graph, once each, with every reference to it."""
+    blocks: dict[int, _Block] = {}
+    walked: set[int] = set()
+
+    def walk(node, keys):
+        if id(node) in walked:
+            return
+        walked.add(id(node))
+        for key, child in nnx.iter_children(node):
+            if _is_gated_mlp(child):
+                block = blocks.setdefault(id(child), _Block(child, _path((*keys, key))))
+                block.references.append((node, key))
+            elif isinstance(child, nnx.Module):
+                walk(child, (*keys, key))
+
+    if _is_gated_mlp(model):
+        raise ValueError("the model itself is a gated MLP block, which cannot be swapped in "
+                         "place: build FusedSwiGLUMLP.from_params(fuse_params(...)) from it")
+    walk(model, ())
+    return list(blocks.values())
+
+
+def _stated_activation(block: nnx.Module):
+    """(attribute, our name or None if unknown) of an activation the block states, else None."""
+    for attribute in _ACTIVATION_ATTRIBUTES:
+        value = getattr(block, attribute, None)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            return attribute, _KNOWN_ACTIVATIONS.get(value.lower())
+        if callable(value):
+            for function, name in _KNOWN_ACTIVATION_FUNCTIONS:
+                if value is function:
+                    return attribute, name
+            return attribute, None
+    return None
+
+
+def _check(block: _Block, activation: str, dtype) -> None:
+    """Raises ValueError, naming the block, unless it converts exactly; sets its dtype."""
+    module, where = block.module, block.path
+    projections = {name: getattr(module, name) for name in PROJECTIONS}
+    kernels = {}
+    for name, layer in projections.items():
+        kernel = getattr(layer, "kernel", None)
+        if not isinstance(kernel, nnx.Variable) or getattr(kernel, "ndim", None) != 2:
+            raise ValueError(f"{where}.{name} is a {type(layer).__name__} without a 2-D "
+                             "kernel param; only linear layers ([in, out] kernel) convert")
+        if getattr(layer, "bias", None) is not None:
+            raise ValueError(f"{where}.{name} has a bias; FusedSwiGLUMLP has none, so the "
+                             "block cannot be swapped without changing its output")
+        if getattr(layer, "dot_general", jax.lax.dot_general) is not jax.lax.dot_general:
+            raise ValueError(f"{where}.{name} computes with a custom dot_general (quantized?), "
+                             "which FusedSwiGLUMLP would drop")
+        kernels[name] = kernel
+    # Anything else the block holds (a norm, LoRA factors, statistics) would be lost.
+    extra = sorted(_path(keys) for keys, _ in nnx.to_flat_state(nnx.state(module))
+                   if not (len(keys) == 2 and keys[0] in PROJECTIONS and keys[1] == "kernel"))
+    if extra:
+        raise ValueError(f"{where} holds state besides the three kernels ({', '.join(extra)}), "
+                         "which the fused block would drop")
+    stated = _stated_activation(module)
+    if stated is not None and stated[1] != activation:
+        attribute, name = stated
+        value = getattr(module, attribute)
+        raise ValueError(
+            f"{where}.{attribute} is {value!r}, " + (
+                f"i.e. {name!r}, but activation={activation!r} was asked for" if name else
+                "an activation FusedSwiGLUMLP does not have (it has "
+                f"{', '.join(_reference.ACTIVATIONS)})"))
+
+    k, n = kernels["gate_proj"].shape
+    expected = {"gate_proj": (k, n), "up_proj": (k, n), "down_proj": (n, k)}
+    shapes = {name: tuple(kernel.shape) for name, kernel in kernels.items()}
+    if shapes != expected:
+        raise ValueError(f"{where}: kernels {shapes} are not gate/up [K, N] and down [N, K]")
+    try:
+        _layout.check_alignment(k, n)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    dtypes = {jnp.dtype(kernel.dtype) for kernel in kernels.values()}
+    if len(dtypes) != 1:
+        raise ValueError(f"{where}: the three kernels have different dtypes "
+                         f"{sorted(map(str, dtypes))}")
+    # nnx.Linear(dtype=None) computes in its inputs' and kernel's promoted dtype; the
+    # model's activations are the kernels' dtype when it runs in bfloat16 or float16.
+    compute = dtype if dtype is not None else (
+        getattr(projections["gate_proj"], "dtype", None) or dtypes.pop())
+    try:
+        _common.check_kernel_dtype(compute)
+    except TypeError:
+        raise ValueError(
+            f"{where} computes in {jnp.dtype(compute)}; FusedSwiGLUMLP computes in bfloat16 "
+            "or float16: cast the model's params (nnx.state / nnx.update) or pass "
+            "dtype=jnp.bfloat16") from None
+    block.dtype = jnp.dtype(compute)
+
+
+def _convert(block: _Block, kernel: str, activation: str) -> FusedSwiGLUMLP:
+    unfused = {name: {"kernel": getattr(block.module, name).kernel[...]} for name in PROJECTIONS}
+    return FusedSwiGLUMLP.from_params(_common.fuse_params(unfused), dtype=block.dtype,
+                                      kernel=kernel, activation=activation)
+
+
+def _replace(parent, key, new) -> None:
+    if isinstance(parent, (MutableSequence, MutableMapping)):  # nnx.List, nnx.Dict
+        parent[key] = new
+    else:
+        setattr(parent, key, new)
+
+
+def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str = "silu",
+                    dtype=None) -> int:
+    """Replaces, in place, every gated MLP block of ``model`` by a :class:`FusedSwiGLUMLP`.
+
+    A block is a submodule with ``gate_proj``, ``up_proj`` and ``down_proj`` layers, each a
+    bias-free linear layer with a 2-D ``kernel`` param ([in, out], as ``nnx.Linear``). Each
+    is converted with the same weights (:func:`fuse_params`, then
+    :meth:`FusedSwiGLUMLP.from_params`), stored in the kernels' own dtype, with this
+    package's logical axis names (``embed``, ``mlp``) on the new params. Every reference
+    to a shared block gets the same new one. All blocks are checked before any is replaced,
+    so a refusal leaves the model as it was.
+
+    The new block is ``__call__(x)`` like the old, without what the old one's code did
+    around the three layers: a sharding constraint on the activations, or ``nnx.remat``
+    (tunix's ``RematConfig.BLOCK``; wrap the fused call yourself to train that way).
+
+    Args:
+      model: an ``nnx.Module``; it is modified.
+      kernel: ``"auto"``, ``"interleaved"`` or ``"xla"``, as in :func:`jax_swiglu.swiglu`.
+      activation: what the blocks' code applies to the gate: ``"silu"`` (Llama, Qwen) or
+        ``"gelu_tanh"`` (Gemma's ``nnx.gelu``, tanh approximation). The helper cannot see
+        the code, so a wrong name here swaps the math silently, except where a block states
+        its activation in an attribute, which must agree.
+      dtype: the computation dtype (bfloat16 or float16); by default the layers' ``dtype``,
+        else their kernels' dtype, as ``nnx.Linear(dtype=None)`` computes for inputs of that
+        dtype.
+
+    Returns:
+      The number of blocks replaced.
+
+    Raises:
+      ValueError: naming the block's path, if one cannot be converted exactly (a bias,
+        other state in the block, shapes not multiples of 8, a custom dot, a float32
+        computation, an activation that disagrees), or if no block was found.
+    """
+    _reference.check_activation(activation)
+    selection.check_kernel_name(kernel)
+    if dtype is not None:
+        _common.check_kernel_dtype(dtype)
+    if not isinstance(model, nnx.Module):
+        raise TypeError(f"swap_mlp_blocks takes an nnx.Module, got {type(model).__name__}")
+    blocks = _find_blocks(model)
+    if not blocks:
+        raise ValueError(
+            f"found no gated MLP block in the {type(model).__name__}: no submodule with "
+            f"{', '.join(PROJECTIONS)} layers (another naming, a fused or MoE MLP?)")
+    for block in blocks:
+        _check(block, activation, dtype)
+    # One at a time, so the old block's weights can go before the next is packed.
+    for block in blocks:
+        fused = _convert(block, kernel, activation)
+        for parent, key in block.references:
+            _replace(parent, key, fused)
+        block.module = None
+    return len(blocks)

@@ -1,0 +1,374 @@
+"""jax_swiglu.nn.swap_mlp_blocks: a model's gated MLP blocks swapped for FusedSwiGLUMLP.
+
+On hand-made nnx models shaped like tunix's (bias-free nnx.Linear gate_proj/up_proj/down_proj)
+everywhere, and on tunix's own Llama 3 (``tunix`` marker) where google-tunix imports: it is
+an optional dependency, too heavy for CI (its package import pulls in its whole trainer
+stack), so those tests skip without it. Run them with ``pip install google-tunix`` and
+``pytest -m tunix tests/test_model_swap.py``.
+
+Everything runs on the CPU device, where the fused blocks take the XLA reference path: the
+swapped block equals SwiGLUMLP on the same weights bit for bit, and the swapped model equals
+the original within bf16 rounding (the original rounds after each dot and the activation,
+the fused block once in fp32).
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("flax", reason="jax_swiglu.nn needs flax: pip install jax_swiglu[flax]")
+import flax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from jax_swiglu.nn import FusedSwiGLUMLP, SwiGLUMLP, swap_mlp_blocks  # noqa: E402
+
+from helpers import random_x  # noqa: E402
+
+# Relative Frobenius error of the swapped model's output against the original's, for the
+# three-layer models here: four bf16 ulps at 1. Each swapped block moves its output by about
+# one ulp (rounding once instead of three times), and the layers add these up, so deeper
+# models drift further; the float32 comparison below is the bound for any depth.
+MODEL_REL_FRO = 2.0 ** -6
+# A logit may move by this much: the logits are of unit scale by construction (variance-
+# preserving random weights), so this is about 32 bf16 ulps at 1.
+MODEL_MAX_ABS = 2.0 ** -3
+
+
+@pytest.fixture(autouse=True)
+def on_the_cpu():
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def relative_fro(y, reference) -> float:
+    y, reference = (np.asarray(a, np.float32) for a in (y, reference))
+    return float(np.linalg.norm(y - reference) / np.linalg.norm(reference))
+
+
+def swiglu_primitives(fn, *args) -> int:
+    """How many jax_swiglu primitives the jaxpr of ``fn(*args)`` binds (nested jaxprs too)."""
+    return len(re.findall(r"\bjax_swiglu\[", str(jax.make_jaxpr(fn)(*args))))
+
+
+# --- hand-made models shaped like tunix's ------------------------------------------------------
+
+def _linear(k, n, rngs, dtype, **options):
+    init = nnx.initializers.normal(stddev=k ** -0.5)
+    return nnx.Linear(k, n, use_bias=options.pop("use_bias", False), param_dtype=dtype,
+                      kernel_init=init, rngs=rngs, **options)
+
+
+class GatedMLP(nnx.Module):
+    """tunix's Llama/Qwen MLP (``activation="silu"``) or Gemma's FeedForward ("gelu_tanh")."""
+
+    def __init__(self, k, n, rngs, *, dtype=jnp.bfloat16, activation="silu", **linear_options):
+        self.gate_proj = _linear(k, n, rngs, dtype, **linear_options)
+        self.up_proj = _linear(k, n, rngs, dtype, **linear_options)
+        self.down_proj = _linear(n, k, rngs, dtype, **linear_options)
+        self.gelu = activation == "gelu_tanh"
+
+    def __call__(self, x):
+        gate = self.gate_proj(x)
+        return self.down_proj((nnx.gelu(gate) if self.gelu else nnx.silu(gate)) * self.up_proj(x))
+
+
+def rms_norm(x):
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6)).astype(x.dtype)
+
+
+class Layer(nnx.Module):
+    def __init__(self, mlp):
+        self.mlp = mlp
+
+    def __call__(self, x):
+        return x + self.mlp(rms_norm(x))
+
+
+class Decoder(nnx.Module):
+    """Pre-norm residual layers in an nnx.List, as tunix keeps them; ``extra`` blocks sit in
+    an nnx.Dict and are applied after the layers."""
+
+    def __init__(self, blocks, extra=None):
+        self.layers = nnx.List([Layer(block) for block in blocks])
+        self.extra = nnx.Dict(extra or {})
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        for name in sorted(self.extra):
+            x = x + self.extra[name](rms_norm(x))
+        return x
+
+
+def decoder(k=64, n=128, layers=3, seed=0, **options):
+    rngs = nnx.Rngs(seed)
+    return Decoder([GatedMLP(k, n, rngs, **options) for _ in range(layers)])
+
+
+def _kernels(block):
+    return {name: getattr(block, name).kernel[...] for name in ("gate_proj", "up_proj",
+                                                                "down_proj")}
+
+
+@pytest.mark.parametrize("k, n", [(64, 128), (96, 200)])  # 200: N padded to 224 when packed
+def test_swap_keeps_the_model_output(key, k, n):
+    model = decoder(k, n)
+    originals = [_kernels(layer.mlp) for layer in model.layers]
+    x = random_x(key, (2, 7, k))
+    before = model(x)
+    assert swap_mlp_blocks(model) == 3
+    for layer, kernels in zip(model.layers, originals):
+        assert isinstance(layer.mlp, FusedSwiGLUMLP)
+        assert layer.mlp.dtype == jnp.bfloat16 and layer.mlp.param_dtype == jnp.bfloat16
+        assert layer.mlp.activation == "silu"
+        # The same weights: the fused block is SwiGLUMLP on them, bit for bit.
+        reference = SwiGLUMLP.from_params({name: {"kernel": w} for name, w in kernels.items()})
+        h = random_x(jax.random.fold_in(key, 1), (5, k))
+        np.testing.assert_array_equal(layer.mlp(h), reference(h))
+    after = model(x)
+    assert after.dtype == before.dtype and after.shape == before.shape
+    assert relative_fro(after, before) <= MODEL_REL_FRO
+    np.testing.assert_allclose(np.asarray(after, np.float32), np.asarray(before, np.float32),
+                               atol=MODEL_MAX_ABS * float(jnp.max(jnp.abs(before))), rtol=0)
+
+
+def test_swapped_model_binds_the_primitive_and_jits(key):
+    model = decoder()
+    swap_mlp_blocks(model)
+    x = random_x(key, (2, 4, 64))
+    graphdef, state = nnx.split(model)
+    forward = lambda state, x: nnx.merge(graphdef, state)(x)  # noqa: E731
+    assert swiglu_primitives(forward, state, x) == 3
+    # Compiled whole, XLA fuses the norms and residuals differently from the eager run.
+    assert relative_fro(nnx.jit(lambda m, x: m(x))(model, x), model(x)) <= MODEL_REL_FRO
+
+
+def test_swapped_blocks_carry_the_logical_axis_names():
+    model = decoder()
+    swap_mlp_blocks(model)
+    P = jax.sharding.PartitionSpec
+    assert nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(model.layers[0].mlp))) == {
+        "gate_up_proj": {"kernel": P("embed", "mlp")}, "down_proj": {"kernel": P("mlp", "embed")}}
+
+
+def test_a_shared_block_is_swapped_once_everywhere():
+    rngs = nnx.Rngs(0)
+    shared = GatedMLP(64, 128, rngs)
+    model = Decoder([shared, GatedMLP(64, 128, rngs), shared], extra={"tail": shared})
+    assert swap_mlp_blocks(model) == 2
+    assert model.layers[0].mlp is model.layers[2].mlp is model.extra["tail"]
+    assert isinstance(model.extra["tail"], FusedSwiGLUMLP)
+    assert model.layers[1].mlp is not model.layers[0].mlp
+
+
+def test_swap_takes_the_activation(key):
+    model = decoder(activation="gelu_tanh")
+    x = random_x(key, (2, 5, 64))
+    before = model(x)
+    swap_mlp_blocks(model, activation="gelu_tanh")
+    assert all(layer.mlp.activation == "gelu_tanh" for layer in model.layers)
+    assert relative_fro(model(x), before) <= MODEL_REL_FRO
+
+
+def test_swap_reads_a_stated_activation():
+    # jax_swiglu's own SwiGLUMLP states it; a gelu_tanh block must not become SiLU.
+    rngs = nnx.Rngs(0)
+    gelu = Decoder([SwiGLUMLP(64, 128, activation="gelu_tanh", rngs=rngs)])
+    with pytest.raises(ValueError, match=r"layers\.0\.mlp\.activation is 'gelu_tanh'"):
+        swap_mlp_blocks(gelu)
+    assert swap_mlp_blocks(gelu, activation="gelu_tanh") == 1
+    assert isinstance(gelu.layers[0].mlp, FusedSwiGLUMLP)
+    block = GatedMLP(64, 128, rngs)
+    block.act_fn = "gelu"  # Hugging Face's exact GELU: no kernel computes it
+    with pytest.raises(ValueError, match=r"layers\.0\.mlp\.act_fn is 'gelu', an activation"):
+        swap_mlp_blocks(Decoder([block]))
+
+
+def test_float32_blocks_need_a_dtype(key):
+    model = decoder(dtype=jnp.float32)
+    with pytest.raises(ValueError, match=r"layers\.0\.mlp computes in float32.*dtype=jnp\.bf"):
+        swap_mlp_blocks(model)
+    x = random_x(key, (2, 3, 64), jnp.float32)
+    before = model(x)
+    assert swap_mlp_blocks(model, dtype=jnp.bfloat16) == 3
+    mlp = model.layers[0].mlp
+    assert mlp.dtype == jnp.bfloat16 and mlp.param_dtype == jnp.float32  # storage kept
+    # Computing in bf16 now: within bf16 rounding of the float32 model, three layers deep.
+    assert relative_fro(model(x), before) <= 4 * MODEL_REL_FRO
+
+
+# --- refusals: a ValueError naming the block, and the model left as it was -------------------
+
+def _with_bad_layer(bad):
+    rngs = nnx.Rngs(0)
+    return Decoder([GatedMLP(64, 128, rngs), bad, GatedMLP(64, 128, rngs)])
+
+
+def _assert_untouched(model):
+    assert not any(isinstance(layer.mlp, FusedSwiGLUMLP) for layer in model.layers)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda rngs: GatedMLP(64, 128, rngs, use_bias=True), r"layers\.1\.mlp\.gate_proj has a bias"),
+    (lambda rngs: GatedMLP(60, 128, rngs), r"layers\.1\.mlp: K=60 and N=128 must be multiples"),
+    (lambda rngs: GatedMLP(64, 100, rngs), r"layers\.1\.mlp: K=64 and N=100 must be multiples"),
+    (lambda rngs: GatedMLP(64, 128, rngs, dot_general=lambda *a, **k: jax.lax.dot_general(*a, **k)),
+     r"layers\.1\.mlp\.gate_proj computes with a custom dot_general"),
+])
+def test_refuses_a_block_it_cannot_convert(bad, message):
+    model = _with_bad_layer(bad(nnx.Rngs(1)))
+    with pytest.raises(ValueError, match=message):
+        swap_mlp_blocks(model)
+    _assert_untouched(model)
+
+
+def test_refuses_a_block_holding_more_state():
+    block = GatedMLP(64, 128, nnx.Rngs(1))
+    block.norm = nnx.RMSNorm(64, rngs=nnx.Rngs(2))
+    model = _with_bad_layer(block)
+    with pytest.raises(ValueError, match=r"layers\.1\.mlp holds state besides the three kernels "
+                                         r"\(norm\.scale\)"):
+        swap_mlp_blocks(model)
+    _assert_untouched(model)
+
+
+def test_refuses_mismatched_kernels():
+    block = GatedMLP(64, 128, nnx.Rngs(1))
+    block.up_proj = _linear(64, 96, nnx.Rngs(2), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"layers\.1\.mlp: kernels .* are not gate/up \[K, N\]"):
+        swap_mlp_blocks(_with_bad_layer(block))
+
+
+def test_refuses_without_a_block():
+    class Other(nnx.Module):
+        def __init__(self):
+            self.proj = nnx.Linear(64, 64, rngs=nnx.Rngs(0))
+
+    with pytest.raises(ValueError, match="found no gated MLP block in the Other"):
+        swap_mlp_blocks(Other())
+    model = decoder()
+    swap_mlp_blocks(model)
+    with pytest.raises(ValueError, match="found no gated MLP block"):  # already swapped
+        swap_mlp_blocks(model)
+    with pytest.raises(ValueError, match="the model itself is a gated MLP block"):
+        swap_mlp_blocks(GatedMLP(64, 128, nnx.Rngs(0)))
+
+
+@pytest.mark.parametrize("options, error", [
+    ({"activation": "relu"}, ValueError), ({"kernel": "fastest"}, ValueError),
+    ({"dtype": jnp.float32}, TypeError)])
+def test_refuses_bad_arguments(options, error):
+    model = decoder()
+    with pytest.raises(error):
+        swap_mlp_blocks(model, **options)
+    _assert_untouched(model)
+
+
+# --- tunix's Llama 3 (optional) -----------------------------------------------------------------
+
+@pytest.fixture
+def llama3():
+    """tunix.models.llama3.model, with the flax flag its import flips restored afterwards."""
+    flag = "flax_always_shard_variable"
+    before = getattr(flax.config, flag, None)
+    module = pytest.importorskip(
+        "tunix.models.llama3.model",
+        reason="google-tunix is optional (pip install google-tunix); its Llama 3 tests skip")
+    if before is not None:
+        # What the first import of tunix's models sets; it builds its params without a mesh.
+        flax.config.update(flag, False)
+    yield module
+    if before is not None:
+        flax.config.update(flag, before)
+
+
+def tiny_llama3_config(llama3):
+    # Real Llama 3 proportions at toy size: GQA, head dim 32, N a multiple of 32.
+    return llama3.ModelConfig(num_layers=3, vocab_size=512, embed_dim=128, hidden_dim=320,
+                              num_heads=4, head_dim=32, num_kv_heads=2, rope_theta=500_000,
+                              norm_eps=1e-5)
+
+
+def causal_inputs(batch, length, vocab, key):
+    tokens = jax.random.randint(key, (batch, length), 0, vocab, jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (batch, length, length))
+    return tokens, positions, mask
+
+
+@pytest.mark.tunix
+def test_tunix_llama3_logits_survive_the_swap(llama3, key):
+    from benchmarks import model_swap
+
+    config = tiny_llama3_config(llama3)
+    tokens, positions, mask = causal_inputs(2, 16, config.vocab_size, key)
+
+    def logits(model):
+        return model(tokens, positions, None, mask)[0].astype(jnp.float32)
+
+    model = model_swap.random_llama3(config, seed=0, dtype=jnp.bfloat16)
+    assert all(isinstance(layer.mlp, llama3.MLP) for layer in model.layers)
+    original = logits(model)
+    # bf16's own error: the same weights computed in float32.
+    with jax.default_matmul_precision("highest"):
+        exact = logits(model_swap.cast_params(model, jnp.float32))
+    assert model.layers[0].mlp.gate_proj.kernel.dtype == jnp.bfloat16
+
+    assert swap_mlp_blocks(model) == config.num_layers
+    assert all(isinstance(layer.mlp, FusedSwiGLUMLP) for layer in model.layers)
+    swapped = logits(model)
+
+    assert relative_fro(swapped, original) <= MODEL_REL_FRO
+    np.testing.assert_allclose(swapped, original, rtol=0, atol=MODEL_MAX_ABS)
+    # And no farther from the float32 model than the bf16 original is (it rounds less often):
+    # the bound that holds at any depth, which the benchmark checks on the full-size models.
+    assert relative_fro(swapped, exact) <= (
+        model_swap.F32_MARGIN * relative_fro(original, exact))
+
+    graphdef, state = nnx.split(model)
+
+    def forward(state):
+        return nnx.merge(graphdef, state)(tokens, positions, None, mask)[0]
+
+    assert swiglu_primitives(forward, state) == config.num_layers
+
+
+@pytest.mark.tunix
+def test_tunix_llama3_decode_with_a_cache(llama3, key):
+    from benchmarks import model_swap
+
+    config = tiny_llama3_config(llama3)
+    model = model_swap.random_llama3(config, seed=1)
+    swapped = nnx.clone(model)
+    swap_mlp_blocks(swapped)
+    inputs = model_swap.decode_inputs(config, 3, 24, jnp.bfloat16, key)
+    out = {name: m(*inputs) for name, m in (("original", model), ("swapped", swapped))}
+    for name in out:
+        assert out[name][0].shape == (3, 1, config.vocab_size)
+        assert set(out[name][1]) == {f"layer_{i}" for i in range(config.num_layers)}
+    assert relative_fro(out["swapped"][0], out["original"][0]) <= MODEL_REL_FRO
+    # The clone shares the attention weights, the original keeps its MLP.
+    assert isinstance(model.layers[0].mlp, llama3.MLP)
+    assert swapped.layers[0].attn.q_proj.w[...] is model.layers[0].attn.q_proj.w[...]
+
+
+@pytest.mark.tunix
+def test_model_swap_benchmark_runs_tiny(llama3, tmp_path):
+    import json
+
+    from benchmarks import model_swap
+
+    result = model_swap.main(["--tiny", "--out", str(tmp_path), "--iterations", "2",
+                              "--rounds", "1", "--decode-batch", "1", "2"])
+    (json_path,) = tmp_path.glob("*-model-swap.json")
+    assert json.loads(json_path.read_text())["models"][0]["swapped_blocks"] == 2
+    assert (tmp_path / (json_path.stem + ".md")).exists()
+    calls = result["models"][0]["calls"]
+    assert [(c["call"], c["batch"]) for c in calls] == [("prefill", 1), ("decode", 1),
+                                                        ("decode", 2)]
+    assert calls[0]["logits"]["within_bf16_tolerance"]
+    assert all(c["logits"]["rel_fro"] <= MODEL_REL_FRO for c in calls)
