@@ -88,7 +88,7 @@ def test_bitwise_deterministic(kernel, model, m, config, key, monkeypatch):
         jax.clear_caches()
         recompiled = jax.jit(functools.partial(swiglu, kernel=kernel))(x, packed)
         across_compiles = int(_bits_differing(first, recompiled))
-        off, rel_fro, _ = (float(v) for v in _errors(first, x, w_gate, w_up))
+        off, rel_fro, _ = (float(v) for v in _errors(first, x, w_gate, w_up, "silu"))
     finally:
         jax.clear_caches()
     _record(test="determinism", kernel=kernel, m=m, k=k, n=n, dtype="bfloat16", calls=CALLS,
@@ -189,8 +189,13 @@ def graphs_off(tmp_path_factory):
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     env.pop("JAX_SWIGLU_GPU_REPORT", None)
     # The subprocess must import the same jax_swiglu (with its built extension) as this one.
+    # ... and the tests' shared helpers (tests/helpers.py, tests/gpu/test_kernels.py), which
+    # pytest's pythonpath gives this process but a script run does not.
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_swiglu.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, tests_dir, os.path.dirname(os.path.abspath(__file__)),
+                    env.get("PYTHONPATH")) if p)
     worker = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--graphs-off-worker", str(tmp / "spec.json")],
         env=env, cwd=tmp, capture_output=True, text=True, timeout=900)
@@ -410,7 +415,7 @@ def test_more_than_2_31_elements(kernel, name, key):
     rows_unwritten = int(jnp.sum(jnp.any(jnp.isnan(y), axis=1)))
     rows = _sample_rows(m, k, n)
     idx = jnp.asarray(rows)
-    off, rel_fro, max_abs = (float(v) for v in _errors(y[idx], x[idx], w_gate, w_up))
+    off, rel_fro, max_abs = (float(v) for v in _errors(y[idx], x[idx], w_gate, w_up, "silu"))
     _record(test="large_m", case=name, kernel=kernel, m=m, k=k, n=n, dtype="bfloat16",
             rows_checked=rows.tolist(), rows_unwritten=rows_unwritten, mismatches=int(off),
             rel_fro=rel_fro, max_abs_err=max_abs,
