@@ -78,9 +78,11 @@ def _fan_in(owner, name: str, shape) -> int:
     return shape[0]  # nnx.Linear: [in, out]
 
 
-def fill_random(model, *, seed: int, dtype) -> None:
+def fill_random(model, *, seed: int, dtype, norm_scale: float = 1.0) -> None:
     """Draws every param of ``model`` (possibly abstract, from nnx.eval_shape) in place:
-    norm scales 1, every weight normal with std 1/sqrt(fan-in), in ``dtype``."""
+    norm scales (the 1-D params) ``norm_scale``, every weight normal with std 1/sqrt(fan-in),
+    in ``dtype``. A norm that multiplies by its scale (Llama's) is the identity at 1, one that
+    multiplies by ``1 + scale`` (Gemma's) at ``norm_scale=0``."""
     from flax import nnx
 
     nodes = dict(nnx.iter_graph(model))
@@ -90,7 +92,7 @@ def fill_random(model, *, seed: int, dtype) -> None:
             continue
         shape = tuple(variable.shape)
         if len(shape) == 1:
-            variable.value = jnp.ones(shape, dtype)
+            variable.value = jnp.full(shape, norm_scale, dtype)
             continue
         scale = 1.0 / math.sqrt(_fan_in(nodes[path[:-1]], path[-1], shape))
         variable.value = (scale * jax.random.normal(jax.random.fold_in(key, index), shape,
@@ -108,16 +110,22 @@ def cast_params(model, dtype):
     return copy
 
 
-def random_llama3(config, *, seed: int = 0, dtype=jnp.bfloat16):
-    """tunix's Llama3 for ``config``, with random weights stored (and so computed) in ``dtype``.
+def random_model(build, *, seed: int = 0, dtype=jnp.bfloat16, norm_scale: float = 1.0):
+    """The nnx model ``build(rngs)`` returns (a tunix model: Llama 3, Gemma, ...), with random
+    weights stored (and so computed) in ``dtype``, drawn by :func:`fill_random`.
 
     Built abstractly first: tunix draws float32 weights (zeros for the MLP), which for an 8B
     model would be 32 GB written only to be replaced."""
     from flax import nnx
 
-    model = nnx.eval_shape(lambda: llama3().Llama3(config, rngs=nnx.Rngs(seed)))
-    fill_random(model, seed=seed, dtype=dtype)
+    model = nnx.eval_shape(lambda: build(nnx.Rngs(seed)))
+    fill_random(model, seed=seed, dtype=dtype, norm_scale=norm_scale)
     return model
+
+
+def random_llama3(config, *, seed: int = 0, dtype=jnp.bfloat16):
+    """tunix's Llama3 for ``config``, with random weights stored (and so computed) in ``dtype``."""
+    return random_model(lambda rngs: llama3().Llama3(config, rngs=rngs), seed=seed, dtype=dtype)
 
 
 def config_for(name: str, layers: int | None = None):

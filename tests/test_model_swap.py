@@ -1,7 +1,8 @@
 """jax_swiglu.nn.swap_mlp_blocks: a model's gated MLP blocks swapped for FusedSwiGLUMLP.
 
 On hand-made nnx models shaped like tunix's (bias-free nnx.Linear gate_proj/up_proj/down_proj)
-everywhere, and on tunix's own Llama 3 (``tunix`` marker) where google-tunix imports: it is
+everywhere, and on tunix's own Llama 3 and Gemma 1 and 3 (``tunix`` marker; Gemma's GeGLU MLP
+swapped with ``activation="gelu_tanh"``, and shown to need it) where google-tunix imports: it is
 an optional dependency, too heavy for CI (its package import pulls in its whole trainer
 stack), so those tests skip without it. Run them with ``pip install google-tunix`` and
 ``pytest -m tunix tests/test_model_swap.py``.
@@ -268,16 +269,15 @@ def test_refuses_bad_arguments(options, error):
     _assert_untouched(model)
 
 
-# --- tunix's Llama 3 (optional) -----------------------------------------------------------------
+# --- tunix's Llama 3 and Gemma (optional) ------------------------------------------------------
 
-@pytest.fixture
-def llama3():
-    """tunix.models.llama3.model, with the flax flag its import flips restored afterwards."""
+def _tunix_model(name):
+    """tunix.models.<name>.model, with the flax flag its import flips restored afterwards."""
     flag = "flax_always_shard_variable"
     before = getattr(flax.config, flag, None)
     module = pytest.importorskip(
-        "tunix.models.llama3.model",
-        reason="google-tunix is optional (pip install google-tunix); its Llama 3 tests skip")
+        f"tunix.models.{name}.model",
+        reason="google-tunix is optional (pip install google-tunix); its model tests skip")
     if before is not None:
         # What the first import of tunix's models sets; it builds its params without a mesh.
         flax.config.update(flag, False)
@@ -286,11 +286,35 @@ def llama3():
         flax.config.update(flag, before)
 
 
+@pytest.fixture
+def llama3():
+    yield from _tunix_model("llama3")
+
+
+@pytest.fixture(params=["gemma", "gemma3"])
+def gemma(request):
+    """tunix.models.gemma.model (Gemma 1 and 2) or tunix.models.gemma3.model."""
+    yield from _tunix_model(request.param)
+
+
 def tiny_llama3_config(llama3):
     # Real Llama 3 proportions at toy size: GQA, head dim 32, N a multiple of 32.
     return llama3.ModelConfig(num_layers=3, vocab_size=512, embed_dim=128, hidden_dim=320,
                               num_heads=4, head_dim=32, num_kv_heads=2, rope_theta=500_000,
                               norm_eps=1e-5)
+
+
+def assert_logits_within_bf16(swapped, original, exact):
+    """The swapped model's logits against the original's (both bf16, of unit scale) and
+    against ``exact``, the original's weights computed in float32."""
+    from benchmarks import model_swap
+
+    assert relative_fro(swapped, original) <= MODEL_REL_FRO
+    np.testing.assert_allclose(swapped, original, rtol=0, atol=MODEL_MAX_ABS)
+    # And no farther from the float32 model than the bf16 original is (it rounds less often):
+    # the bound that holds at any depth, which the benchmark checks on the full-size models.
+    assert relative_fro(swapped, exact) <= (
+        model_swap.F32_MARGIN * relative_fro(original, exact))
 
 
 def causal_inputs(batch, length, vocab, key):
@@ -322,12 +346,7 @@ def test_tunix_llama3_logits_survive_the_swap(llama3, key):
     assert all(isinstance(layer.mlp, FusedSwiGLUMLP) for layer in model.layers)
     swapped = logits(model)
 
-    assert relative_fro(swapped, original) <= MODEL_REL_FRO
-    np.testing.assert_allclose(swapped, original, rtol=0, atol=MODEL_MAX_ABS)
-    # And no farther from the float32 model than the bf16 original is (it rounds less often):
-    # the bound that holds at any depth, which the benchmark checks on the full-size models.
-    assert relative_fro(swapped, exact) <= (
-        model_swap.F32_MARGIN * relative_fro(original, exact))
+    assert_logits_within_bf16(swapped, original, exact)
 
     graphdef, state = nnx.split(model)
 
@@ -354,6 +373,57 @@ def test_tunix_llama3_decode_with_a_cache(llama3, key):
     # The clone shares the attention weights, the original keeps its MLP.
     assert isinstance(model.layers[0].mlp, llama3.MLP)
     assert swapped.layers[0].attn.q_proj.w[...] is model.layers[0].attn.q_proj.w[...]
+
+
+def tiny_gemma(gemma, seed):
+    """A tiny Gemma (1) or Gemma 3 of tunix's, random bf16 weights, norms the identity."""
+    from benchmarks import model_swap
+
+    sizes = dict(num_layers=3, num_embed=512, embed_dim=128, hidden_dim=320, num_heads=4,
+                 head_dim=32, num_kv_heads=2)
+    if hasattr(gemma, "Gemma3"):  # post-attention and post-MLP norms, q/k norms, local layers
+        config, build = gemma.ModelConfig(**sizes, sliding_window_size=8), gemma.Gemma3
+    else:
+        config = gemma.ModelConfig(**sizes, final_logit_softcap=None, use_post_attn_norm=False,
+                                   use_post_ffw_norm=False,
+                                   attention_types=(gemma.AttentionType.GLOBAL,) * 3)
+        build = gemma.Gemma
+    # Gemma's RMSNorm multiplies by 1 + scale: scales 0 keep the logits of unit scale.
+    model = model_swap.random_model(lambda rngs: build(config, rngs=rngs), seed=seed,
+                                    norm_scale=0.0)
+    return config, model
+
+
+@pytest.mark.tunix
+def test_tunix_gemma_geglu_logits_survive_the_swap(gemma, key):
+    from benchmarks import model_swap
+
+    config, model = tiny_gemma(gemma, seed=0)
+    tokens, positions, mask = causal_inputs(2, 16, config.num_embed, key)
+
+    def logits(model):
+        return model(tokens, positions, None, mask)[0].astype(jnp.float32)
+
+    # Its FeedForward: bias-free nnx.Linear gate_proj/up_proj/down_proj, nnx.gelu on the gate,
+    # which is jax.nn.gelu, tanh approximation by default: "gelu_tanh".
+    assert all(isinstance(layer.mlp, gemma.FeedForward) for layer in model.layers)
+    assert model.layers[0].mlp.gate_proj.kernel.dtype == jnp.bfloat16
+    original = logits(model)
+    with jax.default_matmul_precision("highest"):
+        exact = logits(model_swap.cast_params(model, jnp.float32))
+    silu = nnx.clone(model)  # the same weights, swapped with the wrong activation
+
+    assert swap_mlp_blocks(model, activation="gelu_tanh") == config.num_layers
+    assert all(isinstance(layer.mlp, FusedSwiGLUMLP) and layer.mlp.activation == "gelu_tanh"
+               for layer in model.layers)
+    assert_logits_within_bf16(logits(model), original, exact)
+
+    # The blocks do not state their activation, so SiLU swaps in silently; the logits show it,
+    # far outside the tolerance the right activation meets.
+    assert swap_mlp_blocks(silu, activation="silu") == config.num_layers
+    wrong = logits(silu)
+    assert relative_fro(wrong, original) > 4 * MODEL_REL_FRO
+    assert float(jnp.max(jnp.abs(wrong - original))) > 2 * MODEL_MAX_ABS
 
 
 @pytest.mark.tunix
