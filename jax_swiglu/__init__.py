@@ -4,6 +4,7 @@
     y = jax_swiglu.swiglu(x, packed)                    # SiLU(x @ Wg) * (x @ Wu)
     y = jax_swiglu.swiglu(x, packed, activation="gelu_tanh")  # GeGLU (Gemma)
     out = jax_swiglu.fused_mlp(x, packed, w_down)       # ... @ W_down
+    q = jax_swiglu.quantize_weights(w_gate, w_up)       # fp8 (e4m3) with fp32 scales
 
 Works inside ``jax.jit``; on CUDA the lowering runs the fused CUTLASS kernel the selection
 picks for the call's shapes (``explain`` says which and why), elsewhere the XLA reference.
@@ -15,8 +16,9 @@ from ._api import explain, fused_mlp, swiglu
 from ._autotune import autotune
 from ._layout import GATE_UP_BLOCK, PackedWeights, pack_weights, unpack_weights
 from ._native import kernel_configs, kernels_available, unavailable_reason
+from ._quantize import QuantizedWeights, dequantize_weights, quantize_tokens, quantize_weights
 from ._primitive import swiglu_p
-from ._reference import ACTIVATIONS, swiglu_reference
+from ._reference import ACTIVATIONS, swiglu_reference, swiglu_reference_quantized
 from ._shapes import PUBLIC_MLPS, QWEN25_MLPS
 from .selection import KERNELS
 
@@ -28,17 +30,22 @@ __all__ = [
     "KERNELS",
     "PUBLIC_MLPS",
     "PackedWeights",
+    "QuantizedWeights",
     "QWEN25_MLPS",
     "autotune",
     "convert",
+    "dequantize_weights",
     "explain",
     "fused_mlp",
     "kernel_configs",
     "kernels_available",
     "pack_weights",
+    "quantize_tokens",
+    "quantize_weights",
     "swiglu",
     "swiglu_p",
     "swiglu_reference",
+    "swiglu_reference_quantized",
     "unavailable_reason",
     "unpack_weights",
 ]

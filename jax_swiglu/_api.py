@@ -7,8 +7,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import _layout, _reference, selection
+from . import _layout, _quantize, _reference, selection
 from ._primitive import swiglu_p
+
+# What runs a call on fp8 weights, until a fused fp8 kernel exists.
+_FP8_PATH = "xla (fp8 weights: XLA's scaled fp8 dot; no fused fp8 kernel in this version)"
 
 
 def _check_x(x, packed: _layout.PackedWeights):
@@ -28,7 +31,43 @@ def _check_x(x, packed: _layout.PackedWeights):
             f"x has K={x.shape[-1]} (shape {tuple(x.shape)}) but the weights have K={packed.k}")
 
 
-def swiglu(x, packed, *, kernel: str = "auto", activation: str = "silu"):
+def _check_fp8_call(x, weights: _quantize.QuantizedWeights, kernel: str, x_scale):
+    """Trace-time checks of a call on fp8 weights (see :func:`swiglu`)."""
+    weights.validate()
+    if not hasattr(x, "shape") or not hasattr(x, "dtype") or x.ndim < 1:
+        raise TypeError(f"x must be an array [..., K], got {type(x).__name__}")
+    if x.shape[-1] != weights.k:
+        raise ValueError(f"x has K={x.shape[-1]} (shape {tuple(x.shape)}) but the quantized "
+                         f"weights have K={weights.k}")
+    x_dtype = jnp.dtype(x.dtype)
+    if x_dtype in _quantize.FP8_DTYPES:
+        if x_dtype != jnp.dtype(weights.dtype):
+            raise TypeError(f"x is {x_dtype} but the weights are {weights.dtype}: one fp8 format "
+                            "for both (quantize x with jax_swiglu.quantize_tokens(x, "
+                            f"{weights.dtype}))")
+        if x_scale is None:
+            raise TypeError("x is fp8, so its per-row scales are needed: pass x_scale "
+                            f"(float32, shape {tuple(x.shape[:-1])}), as quantize_tokens returns")
+        if not hasattr(x_scale, "dtype") or jnp.dtype(x_scale.dtype) != jnp.dtype(jnp.float32):
+            raise TypeError(f"x_scale must be float32, got {getattr(x_scale, 'dtype', x_scale)}")
+        if tuple(x_scale.shape) != tuple(x.shape[:-1]):
+            raise ValueError(f"x_scale must have one scale per row of x, shape "
+                             f"{tuple(x.shape[:-1])}, got {tuple(x_scale.shape)}")
+    elif x_dtype in _layout.KERNEL_DTYPES:
+        if x_scale is not None:
+            raise ValueError(f"x_scale is for fp8 x; x is {x_dtype} and is quantized per row "
+                             "inside the call")
+    else:
+        raise TypeError(f"with fp8 weights x must be bfloat16, float16 or fp8 (with x_scale), "
+                        f"got {x_dtype}")
+    selection.check_kernel_name(kernel)
+    requested, source = selection.requested_kernel(kernel)
+    if requested not in ("auto", "xla"):
+        raise RuntimeError(f"{source} was requested for fp8 weights, but this version has no "
+                           "fused fp8 kernel; kernel='auto' or 'xla' runs XLA's scaled fp8 dot")
+
+
+def swiglu(x, packed, *, kernel: str = "auto", activation: str = "silu", x_scale=None):
     """``act(x @ W_gate) * (x @ W_up)`` as one fused kernel (inference only): SwiGLU with
     ``activation="silu"`` (the default), GeGLU with ``"gelu_tanh"``.
 
@@ -41,6 +80,10 @@ def swiglu(x, packed, *, kernel: str = "auto", activation: str = "silu"):
         path). ``JAX_SWIGLU_KERNEL`` sets the same globally.
       activation: the gate's activation ``act``: ``"silu"`` (Llama, Qwen, Mistral, ...) or
         ``"gelu_tanh"`` (Gemma: ``jax.nn.gelu(g, approximate=True)``).
+      x_scale: with fp8 weights (:class:`QuantizedWeights` from :func:`quantize_weights`) and
+        an fp8 ``x`` only: ``x``'s float32 per-row scales, shape ``x.shape[:-1]``. A 16-bit
+        ``x`` is quantized per row inside the call. fp8 calls run XLA's scaled fp8 dot
+        (fp32 accumulation) and return bfloat16 (x's dtype for 16-bit ``x``).
 
     Returns:
       ``[..., N]`` in ``x.dtype``: products accumulated in fp32, activation and product in
@@ -51,10 +94,16 @@ def swiglu(x, packed, *, kernel: str = "auto", activation: str = "silu"):
     and N in whole gate/up pairs (``packed.data`` along its last axis); a sharded K is
     all-gathered first.
     """
+    _reference.check_activation(activation)
+    if isinstance(packed, _quantize.QuantizedWeights):
+        _check_fp8_call(x, packed, kernel, x_scale)
+        return _reference.swiglu_xla_quantized(x, packed, x_scale=x_scale, activation=activation)
+    if x_scale is not None:
+        raise ValueError("x_scale is for fp8 weights (QuantizedWeights); these are "
+                         f"{type(packed).__name__}")
     packed = _layout.as_packed(packed, "packed")
     _check_x(x, packed)
     selection.check_kernel_name(kernel)
-    _reference.check_activation(activation)
     lead = x.shape[:-1]
     m = math.prod(lead)
     if m == 0:
@@ -65,7 +114,7 @@ def swiglu(x, packed, *, kernel: str = "auto", activation: str = "silu"):
 
 
 def fused_mlp(x, packed, w_down, *, kernel: str = "auto", activation: str = "silu",
-              reduce_dtype=None):
+              reduce_dtype=None, x_scale=None):
     """A whole gated MLP block: ``(act(x @ W_gate) * (x @ W_up)) @ W_down``.
 
     The gated part is :func:`swiglu`; the down projection is a plain XLA dot. With the
@@ -76,7 +125,8 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", activation: str = "sil
       x: ``[..., K]``.
       packed: :class:`PackedWeights` (``K -> N``).
       w_down: ``[N, K_out]``, same dtype as ``x``.
-      kernel, activation: as in :func:`swiglu`.
+      kernel, activation, x_scale: as in :func:`swiglu` (``packed`` may be fp8
+        :class:`QuantizedWeights`; ``w_down`` is then in the call's output dtype).
       reduce_dtype: ``None`` (x's dtype) or ``jnp.float32``: the dtype of the down
         projection's result before the cast to x's dtype, so under row parallelism the
         dtype of the partial sums that the all-reduce adds. x's dtype, as a plain XLA model
@@ -85,21 +135,24 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", activation: str = "sil
         the order of summation, for twice the all-reduce's bytes and a cast after it
         (benchmarks/tensor_parallel.py measures both). On one device the two agree.
     """
-    packed = _layout.as_packed(packed, "packed")
+    if not isinstance(packed, _quantize.QuantizedWeights):
+        packed = _layout.as_packed(packed, "packed")
+    out_dtype = _reference.fp8_output_dtype(x.dtype)
     if not hasattr(w_down, "shape") or w_down.ndim != 2 or w_down.shape[0] != packed.n:
         raise ValueError(
             f"w_down must be [N, K_out] with N={packed.n}, got "
             f"{tuple(getattr(w_down, 'shape', ())) or type(w_down).__name__}")
-    if w_down.dtype != x.dtype:
-        raise TypeError(f"w_down is {w_down.dtype} but x is {x.dtype}; they must match")
-    reduce_dtype = jnp.dtype(x.dtype if reduce_dtype is None else reduce_dtype)
-    if reduce_dtype not in (jnp.dtype(jnp.float32), jnp.dtype(x.dtype)):
-        raise TypeError(f"reduce_dtype must be None (x's dtype, {x.dtype}) or float32, got "
+    if w_down.dtype != out_dtype:
+        raise TypeError(f"w_down is {w_down.dtype} but the block computes in {out_dtype} (x is "
+                        f"{x.dtype}); they must match")
+    reduce_dtype = jnp.dtype(out_dtype if reduce_dtype is None else reduce_dtype)
+    if reduce_dtype not in (jnp.dtype(jnp.float32), out_dtype):
+        raise TypeError(f"reduce_dtype must be None (x's dtype, {out_dtype}) or float32, got "
                         f"{reduce_dtype}")
-    y = swiglu(x, packed, kernel=kernel, activation=activation)
+    y = swiglu(x, packed, kernel=kernel, activation=activation, x_scale=x_scale)
     out = jnp.matmul(y, w_down, preferred_element_type=reduce_dtype,
                      out_sharding=_down_projection_sharding(y, w_down))
-    return out.astype(x.dtype)
+    return out.astype(out_dtype)
 
 
 def _down_projection_sharding(y, w_down):
@@ -130,9 +183,15 @@ def explain(x, packed, *, kernel: str = "auto", activation: str = "silu",
     default backend. Under sharding each device chooses from its own block: pass the
     per-device ``x`` (and packed weights) to see its choice.
     """
+    _reference.check_activation(activation)
+    if isinstance(packed, _quantize.QuantizedWeights):
+        _check_fp8_call(x, packed, kernel, None if x.dtype in _layout.KERNEL_DTYPES else
+                        jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32))
+        m = math.prod(x.shape[:-1])
+        return (f"M={m} N={packed.n} K={packed.k} {x.dtype} x {packed.dtype} weights "
+                f"({packed.scale_mode}) {activation}: {_FP8_PATH}")
     packed = _layout.as_packed(packed, "packed")
     _check_x(x, packed)
-    _reference.check_activation(activation)
     platform = platform or jax.default_backend()
     platform = "cuda" if platform == "gpu" else platform
     m = math.prod(x.shape[:-1])

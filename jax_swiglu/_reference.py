@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import _layout
+from . import _layout, _quantize
 
 
 def dot_precision(dtype):
@@ -77,3 +77,47 @@ def swiglu_reference_packed(x, packed_data, n: int, activation: str = "silu"):
     """
     gate, up = _layout.split_gate_up(_dot_f32(x, packed_data), n)
     return gated(gate, up, activation).astype(x.dtype)
+
+
+# --- fp8 weights (jax_swiglu/_quantize.py) ----------------------------------------------------
+
+def fp8_output_dtype(x_dtype):
+    """A quantized call returns x's dtype for 16-bit x, bfloat16 for fp8 x."""
+    return jnp.dtype(x_dtype) if jnp.dtype(x_dtype) in _layout.KERNEL_DTYPES else jnp.dtype(
+        jnp.bfloat16)
+
+
+def _tokens(x, x_scale, weights_dtype):
+    """(x_q, x_scale): fp8 x as given, 16-bit x quantized per row to the weights' format."""
+    if x_scale is None:
+        return _quantize.quantize_tokens(x, weights_dtype)
+    return x, x_scale
+
+
+def swiglu_reference_quantized(x, weights, *, x_scale=None, activation: str = "silu"):
+    """The fp8 spec: ``act(x @ W_gate) * (x @ W_up)`` in fp32 math on the dequantized inputs.
+
+    ``weights`` is :class:`~jax_swiglu.QuantizedWeights`; ``x`` is fp8 with its per-row
+    ``x_scale``, or 16-bit and quantized per row first (:func:`jax_swiglu.quantize_tokens`, as every
+    fp8 path does). The dequantized values (fp8 times scale) are multiplied in
+    fp32 at full precision; the result is rounded once to :func:`fp8_output_dtype`.
+    """
+    x_q, x_scale = _tokens(x, x_scale, weights.dtype)
+    w_gate, w_up = _quantize.dequantize_weights(weights)
+    x_f32 = x_q.astype(jnp.float32) * x_scale[..., None]
+    highest = jax.lax.Precision.HIGHEST
+    gate = jnp.matmul(x_f32, w_gate, precision=highest)
+    up = jnp.matmul(x_f32, w_up, precision=highest)
+    return gated(gate, up, activation).astype(fp8_output_dtype(x.dtype))
+
+
+def swiglu_xla_quantized(x, weights, *, x_scale=None, activation: str = "silu"):
+    """The XLA path for fp8 weights: one scaled fp8 dot ``x_q [M, K] x data^T`` with fp32
+    accumulation (cuBLASLt's fp8 GEMM on Hopper), the two scales applied to the fp32 product,
+    then the split, the activation in fp32 and one rounding."""
+    x_q, x_scale = _tokens(x, x_scale, weights.dtype)
+    product = jax.lax.dot_general(x_q, weights.data, (((x_q.ndim - 1,), (1,)), ((), ())),
+                                  preferred_element_type=jnp.float32)
+    product = product * x_scale[..., None] * weights.scales
+    gate, up = _layout.split_gate_up(product, weights.n)
+    return gated(gate, up, activation).astype(fp8_output_dtype(x.dtype))

@@ -1,0 +1,194 @@
+"""FP8 weights and tokens: quantized once at load time (weights) or per call (tokens).
+
+:func:`quantize_weights` turns gate and up ``[K, N]`` into :class:`QuantizedWeights`: the
+packed gate/up columns of ``jax_swiglu/_layout.py`` (the same order, so a kernel pairs gate
+and up exactly as the bf16 kernels do), stored **K-major** as ``[2 * N_pad, K]`` (row ``p`` is
+packed column ``p``: SM90's fp8 wgmma reads both operands K-major), in ``float8_e4m3fn`` (or
+``float8_e5m2``), with fp32 scales, one per packed column (``"per_channel"``) or one for the
+matrix (``"per_tensor"``). A weight is ``data[p, k] * scales[p]``.
+
+Tokens are quantized per row (:func:`quantize_tokens`): ``x[m, k] = x_q[m, k] * x_scale[m]``,
+the scale mapping the row's largest magnitude onto the format's largest finite value. Scales
+are plain fp32 arrays beside the fp8 data, as XLA's scaled fp8 dots and qwix keep them.
+
+Zero rows and columns get scale 1 (their data is all zeros); values are clipped to the
+format's finite range before the cast, since e4m3fn has no infinity and would turn an
+overflow into NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from . import _layout
+
+FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+SCALE_MODES = ("per_channel", "per_tensor")
+LAYOUT = f"k_major_{_layout.LAYOUT}"
+
+
+def check_fp8_dtype(dtype, what: str) -> jnp.dtype:
+    dtype = jnp.dtype(dtype)
+    if dtype not in FP8_DTYPES:
+        raise TypeError(f"{what} must be float8_e4m3fn or float8_e5m2, got {dtype}")
+    return dtype
+
+
+def _scales(amax, dtype):
+    """(scale, its inverse): amax / the format's largest finite value and back; 1 where amax
+    is 0 (all-zero data). Values are quantized by multiplying with the inverse, one rounding
+    that XLA keeps as written in every compilation (a division it may turn into a multiply
+    by a reciprocal, two roundings, so eager and jitted calls could differ by an fp8 step)."""
+    largest = float(jnp.finfo(dtype).max)
+    amax = amax.astype(jnp.float32)
+    positive = amax > 0
+    safe = jnp.where(positive, amax, 1.0)
+    return (jnp.where(positive, safe / largest, 1.0), jnp.where(positive, largest / safe, 1.0))
+
+
+def _cast(values_f32, dtype):
+    largest = float(jnp.finfo(dtype).max)
+    return jnp.clip(values_f32, -largest, largest).astype(dtype)
+
+
+@jax.tree_util.register_pytree_node_class
+class QuantizedWeights:
+    """Gate and up weights in fp8, packed K-major, with fp32 scales (see module docstring).
+
+    Build it with :func:`quantize_weights`. A pytree with leaves ``data``
+    (``[2 * N_pad, K]`` fp8) and ``scales`` (``[2 * N_pad]`` or ``[]`` fp32); ``n`` (stored
+    when padded, as in :class:`~jax_swiglu.PackedWeights`), the scale mode and the layout
+    are static.
+    """
+
+    __slots__ = ("data", "scales", "_n", "scale_mode", "layout")
+
+    def __init__(self, data: Any, scales: Any, n: int | None = None,
+                 scale_mode: str = "per_channel", layout: str = LAYOUT):
+        if n is not None and n % _layout.GATE_UP_BLOCK == 0:
+            shape = getattr(data, "shape", None)
+            if shape is None or shape[:1] == (2 * n,):
+                n = None  # the data says it
+        for name, value in (("data", data), ("scales", scales), ("_n", n),
+                            ("scale_mode", scale_mode), ("layout", layout)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"QuantizedWeights is immutable; cannot set {name!r}")
+
+    def __repr__(self):
+        n = "" if self._n is None else f", n={self._n}"
+        return (f"QuantizedWeights(data={self.data!r}, scales={self.scales!r}{n}, "
+                f"scale_mode={self.scale_mode!r})")
+
+    def tree_flatten(self):
+        return (self.data, self.scales), (self._n, self.scale_mode, self.layout)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children, *aux)
+
+    @property
+    def n(self) -> int:
+        return self.data.shape[0] // 2 if self._n is None else self._n
+
+    @property
+    def k(self) -> int:
+        return self.data.shape[1]
+
+    @property
+    def n_padded(self) -> int:
+        return self.data.shape[0] // 2
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    def validate(self) -> None:
+        """Raises TypeError/ValueError if the arrays do not match the metadata and layout."""
+        if self.layout != LAYOUT:
+            raise ValueError(f"QuantizedWeights uses layout {self.layout!r}, but this version "
+                             f"reads {LAYOUT!r}; quantize the weights again")
+        if self.scale_mode not in SCALE_MODES:
+            raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {self.scale_mode!r}")
+        check_fp8_dtype(self.data.dtype, "QuantizedWeights data")
+        shape = tuple(self.data.shape)
+        pair = 2 * _layout.GATE_UP_BLOCK
+        if len(shape) != 2 or shape[0] == 0 or shape[0] % pair:
+            raise ValueError(f"QuantizedWeights data has shape {shape}, but it is [2 * N_pad, K] "
+                             f"with whole gate/up pairs of {pair} rows; build it with "
+                             "jax_swiglu.quantize_weights")
+        if self._n is not None and (self._n <= 0 or shape[0] != 2 * _layout.padded_n(self._n)):
+            raise ValueError(f"QuantizedWeights data has shape {shape}, but n={self._n} needs "
+                             f"{2 * _layout.padded_n(max(self._n, 1))} rows")
+        if jnp.dtype(self.scales.dtype) != jnp.dtype(jnp.float32):
+            raise TypeError(f"QuantizedWeights scales must be float32, got {self.scales.dtype}")
+        expected = (shape[0],) if self.scale_mode == "per_channel" else ()
+        if tuple(self.scales.shape) != expected:
+            raise ValueError(f"QuantizedWeights scales ({self.scale_mode}) must have shape "
+                             f"{expected}, got {tuple(self.scales.shape)}")
+
+
+def quantize_weights(w_gate, w_up, *, dtype=jnp.float8_e4m3fn,
+                     scale: str = "per_channel") -> QuantizedWeights:
+    """Quantizes gate and up ``[K, N]`` weights to fp8 once, at load time.
+
+    Args:
+      w_gate, w_up: ``[K, N]`` floating-point weights (any float dtype; quantized from fp32).
+      dtype: ``jnp.float8_e4m3fn`` (the default: more mantissa, the inference format) or
+        ``jnp.float8_e5m2``.
+      scale: ``"per_channel"``: one fp32 scale per output column of gate and of up (the
+        column's largest magnitude maps onto the format's largest value); ``"per_tensor"``:
+        one scale for both matrices.
+
+    Returns:
+      :class:`QuantizedWeights`, which :func:`jax_swiglu.swiglu` and
+      :func:`jax_swiglu.fused_mlp` take in place of :class:`~jax_swiglu.PackedWeights`.
+    """
+    dtype = check_fp8_dtype(dtype, "dtype")
+    if scale not in SCALE_MODES:
+        raise ValueError(f"scale must be one of {SCALE_MODES}, got {scale!r}")
+    for name, w in (("w_gate", w_gate), ("w_up", w_up)):
+        if not hasattr(w, "shape") or w.ndim != 2:
+            raise ValueError(f"{name} must be a [K, N] array, got "
+                             f"{tuple(getattr(w, 'shape', ())) or type(w).__name__}")
+        if not jnp.issubdtype(w.dtype, jnp.floating) or jnp.dtype(w.dtype) in FP8_DTYPES:
+            raise TypeError(f"{name} must be a bf16/f16/f32 array to quantize, got {w.dtype}")
+    if w_gate.shape != w_up.shape:
+        raise ValueError(f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} must have "
+                         "the same shape")
+    k, n = w_gate.shape
+    _layout.check_alignment(k, n)
+    pad = [(0, 0), (0, _layout.padded_n(n) - n)]
+    packed = _layout.interleave_gate_up(jnp.pad(jnp.asarray(w_gate, jnp.float32), pad),
+                                        jnp.pad(jnp.asarray(w_up, jnp.float32), pad))
+    amax = jnp.max(jnp.abs(packed), axis=0 if scale == "per_channel" else None)
+    scales, inverse = _scales(amax, dtype)
+    data = _cast(packed * inverse, dtype).T  # [2 N_pad, K]: K-major
+    return QuantizedWeights(data, scales, n, scale)
+
+
+def dequantize_weights(weights: QuantizedWeights):
+    """``(w_gate, w_up)``, each ``[K, N]`` fp32: the values the quantized weights stand for."""
+    weights = as_quantized(weights, "weights")
+    packed = weights.data.astype(jnp.float32).T * weights.scales
+    return _layout.split_gate_up(packed, weights.n)
+
+
+def quantize_tokens(x, dtype=jnp.float8_e4m3fn):
+    """``(x_q, x_scale)``: ``x [..., K]`` per row in fp8, and its fp32 scales ``[...]``."""
+    dtype = check_fp8_dtype(dtype, "dtype")
+    x = jnp.asarray(x, jnp.float32)
+    scale, inverse = _scales(jnp.max(jnp.abs(x), axis=-1), dtype)
+    return _cast(x * inverse[..., None], dtype), scale
+
+
+def as_quantized(weights, argname: str) -> QuantizedWeights:
+    if not isinstance(weights, QuantizedWeights):
+        raise TypeError(f"{argname} must be QuantizedWeights from jax_swiglu.quantize_weights, "
+                        f"got {type(weights).__name__}")
+    weights.validate()
+    return weights
