@@ -99,6 +99,28 @@ struct Pingpong {
   }
 };
 
+// The fp8 interleaved kernel; its element tag is the output's.
+struct Fp8 {
+  static constexpr const char* kName = "fp8";
+  template <class OutputTag, Activation kActivation>
+  static std::string Launch(int64_t config, const SwigluProblem& problem,
+                            const DeviceFacts& device, cudaStream_t stream) {
+    return DispatchConfig<0, JAX_SWIGLU_NUM_FP8_CONFIGS, kFp8Configs>(
+        kName, config, [&](auto id) {
+      return LaunchFp8<decltype(id)::value, OutputTag, kActivation>(problem, device, stream);
+    });
+  }
+  template <class OutputTag, Activation kActivation>
+  static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
+                                    const DeviceFacts& device, size_t* bytes) {
+    return DispatchConfig<0, JAX_SWIGLU_NUM_FP8_CONFIGS, kFp8Configs>(
+        kName, config, [&](auto id) {
+      *bytes = Fp8WorkspaceBytes<decltype(id)::value, OutputTag, kActivation>(problem, device);
+      return std::string();
+    });
+  }
+};
+
 // A call of `f(std::integral_constant<Activation, a>)` for the activation named `name`
 // (kernel_configs.h's names), or an error message.
 template <class F>
@@ -161,6 +183,25 @@ ffi::Error CheckDevice(DeviceFacts* device) {
 // Split-K factors the handler accepts (the selection asks for a few at most).
 constexpr int64_t kMaxSplits = 16;
 
+// The tile-order and split attributes every handler takes, checked into `problem`.
+ffi::Error SetTileOrder(int64_t swizzle, int64_t raster, int64_t splits, SwigluProblem* problem) {
+  if ((swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) || raster < 0 ||
+      raster > 2) {
+    return ffi::Error::InvalidArgument("jax_swiglu: swizzle must be 1, 2, 4 or 8 and raster "
+                                       "0, 1 or 2; got " + std::to_string(swizzle) + ", " +
+                                       std::to_string(raster));
+  }
+  if (splits < 1 || splits > kMaxSplits) {
+    return ffi::Error::InvalidArgument("jax_swiglu: splits must be in 1.." +
+                                       std::to_string(kMaxSplits) + "; got " +
+                                       std::to_string(splits));
+  }
+  problem->swizzle = static_cast<int>(swizzle);
+  problem->raster = static_cast<int>(raster);
+  problem->splits = static_cast<int>(splits);
+  return ffi::Error::Success();
+}
+
 // `workspace`: present where the config needs one (the lowering sizes it with
 // workspace_bytes below); the launcher checks that it is large enough.
 template <class Family, Activation kActivation, ffi::DataType T>
@@ -174,20 +215,9 @@ ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
     problem.workspace = (*workspace)->untyped_data();
     problem.workspace_bytes = (*workspace)->size_bytes();
   }
-  if ((swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) || raster < 0 ||
-      raster > 2) {
-    return ffi::Error::InvalidArgument("jax_swiglu: swizzle must be 1, 2, 4 or 8 and raster "
-                                       "0, 1 or 2; got " + std::to_string(swizzle) + ", " +
-                                       std::to_string(raster));
+  if (ffi::Error err = SetTileOrder(swizzle, raster, splits, &problem); err.failure()) {
+    return err;
   }
-  if (splits < 1 || splits > kMaxSplits) {
-    return ffi::Error::InvalidArgument("jax_swiglu: splits must be in 1.." +
-                                       std::to_string(kMaxSplits) + "; got " +
-                                       std::to_string(splits));
-  }
-  problem.swizzle = static_cast<int>(swizzle);
-  problem.raster = static_cast<int>(raster);
-  problem.splits = static_cast<int>(splits);
   if (problem.m == 0) return ffi::Error::Success();  // nothing to write
   DeviceFacts device;
   if (ffi::Error err = CheckDevice(&device); err.failure()) return err;
@@ -197,8 +227,98 @@ ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
   return ffi::Error::Success();
 }
 
+// The fp8 kernel: x_q [M, K] and packed [2 * n_packed, K] in e4m3 (K-major), x_scale [M],
+// w_scale [2 * n_packed] (a scale per packed column) or [1] / [] (one for all), out [M, N].
+template <Activation kActivation, ffi::DataType T>
+// (x and packed come as AnyBuffer, their element type checked here: the FFI has no native
+// C++ type for fp8 buffers.)
+ffi::Error SwigluFp8(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::DataType::F32> x_scale,
+                     ffi::AnyBuffer packed, ffi::Buffer<ffi::DataType::F32> w_scale,
+                     ffi::Result<ffi::Buffer<T>> out,
+                     std::optional<ffi::Result<ffi::AnyBuffer>> workspace, int64_t config,
+                     int64_t swizzle, int64_t raster, int64_t splits, int64_t promotion) {
+  if (x.element_type() != ffi::DataType::F8E4M3FN ||
+      packed.element_type() != ffi::DataType::F8E4M3FN) {
+    return ffi::Error::InvalidArgument("jax_swiglu fp8: x and packed must be float8_e4m3fn");
+  }
+  auto xd = x.dimensions(), wd = packed.dimensions(), od = out->dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || od.size() != 2) {
+    return ffi::Error::InvalidArgument(
+        "jax_swiglu fp8: expected x [M, K], packed [2N', K], out [M, N]; got " + Dims(xd) +
+        ", " + Dims(wd) + ", " + Dims(od));
+  }
+  SwigluProblem problem{x.untyped_data(), packed.untyped_data(), out->untyped_data(),
+                        xd[0], od[1], wd[0] / 2, xd[1], /*swizzle=*/1, /*raster=*/0};
+  if (wd[1] != problem.k || od[0] != problem.m || wd[0] % (2 * kGateUpBlock) != 0 ||
+      problem.n > problem.n_packed || problem.n <= problem.n_packed - kGateUpBlock) {
+    return ffi::Error::InvalidArgument("jax_swiglu fp8: inconsistent shapes x " + Dims(xd) +
+                                       ", packed " + Dims(wd) + ", out " + Dims(od));
+  }
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (problem.m > kMax || problem.k > kMax || 2 * problem.n_packed > kMax) {
+    return ffi::Error::InvalidArgument("jax_swiglu: a dimension exceeds 2^31 - 1");
+  }
+  if (static_cast<int64_t>(x_scale.element_count()) != problem.m) {
+    return ffi::Error::InvalidArgument("jax_swiglu fp8: x_scale " + Dims(x_scale.dimensions()) +
+                                       " must hold one scale per row of x " + Dims(xd));
+  }
+  const int64_t w_scales = static_cast<int64_t>(w_scale.element_count());
+  if (w_scales != 1 && w_scales != 2 * problem.n_packed) {
+    return ffi::Error::InvalidArgument("jax_swiglu fp8: w_scale " + Dims(w_scale.dimensions()) +
+                                       " must hold one scale, or one per packed column (" +
+                                       std::to_string(2 * problem.n_packed) + ")");
+  }
+  problem.x_scale = x_scale.typed_data();
+  problem.w_scale = w_scale.typed_data();
+  problem.w_scale_stride = w_scales == 1 ? 0 : 1;
+  if (promotion < 4 || promotion > 64 || promotion % 4 != 0) {
+    return ffi::Error::InvalidArgument("jax_swiglu fp8: promotion must be a multiple of 4 in "
+                                       "4..64; got " + std::to_string(promotion));
+  }
+  problem.fp8_promotion = static_cast<int>(promotion);
+  if (workspace.has_value()) {
+    problem.workspace = (*workspace)->untyped_data();
+    problem.workspace_bytes = (*workspace)->size_bytes();
+  }
+  if (ffi::Error err = SetTileOrder(swizzle, raster, splits, &problem); err.failure()) {
+    return err;
+  }
+  if (problem.m == 0) return ffi::Error::Success();
+  DeviceFacts device;
+  if (ffi::Error err = CheckDevice(&device); err.failure()) return err;
+  std::string err =
+      Fp8::template Launch<ElementTagFor<T>, kActivation>(config, problem, device, stream);
+  if (!err.empty()) return ffi::Error::Internal("jax_swiglu: " + err);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jax_swiglu
+
+#define JAX_SWIGLU_DEFINE_FP8_HANDLER(symbol, activation, dtype)                          \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                         \
+      symbol, (jax_swiglu::SwigluFp8<jax_swiglu::Activation::activation, dtype>),        \
+      ffi::Ffi::Bind()                                                                   \
+          .Ctx<ffi::PlatformStream<cudaStream_t>>()                                      \
+          .Arg<ffi::AnyBuffer>()                                                         \
+          .Arg<ffi::Buffer<ffi::DataType::F32>>()                                        \
+          .Arg<ffi::AnyBuffer>()                                                         \
+          .Arg<ffi::Buffer<ffi::DataType::F32>>()                                        \
+          .Ret<ffi::Buffer<dtype>>()                                                     \
+          .OptionalRet<ffi::AnyBuffer>()                                                 \
+          .Attr<int64_t>("config")                                                       \
+          .Attr<int64_t>("swizzle")                                                      \
+          .Attr<int64_t>("raster")                                                       \
+          .Attr<int64_t>("splits")                                                       \
+          .Attr<int64_t>("promotion"),                                                   \
+      {ffi::Traits::kCmdBufferCompatible})
+
+#define JAX_SWIGLU_DEFINE_FP8_HANDLERS(activation, name)                                   \
+  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##Bf16, activation,                \
+                                ffi::DataType::BF16);                                      \
+  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##F16, activation, ffi::DataType::F16);
+JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_DEFINE_FP8_HANDLERS)
+#undef JAX_SWIGLU_DEFINE_FP8_HANDLERS
 
 #define JAX_SWIGLU_DEFINE_HANDLER(symbol, family, activation, dtype)                     \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                         \
@@ -265,6 +385,14 @@ struct Target {
        JaxSwigluPingpong##activation##F16},
 const Target kTargets[] = {JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_TARGETS)};
 #undef JAX_SWIGLU_TARGETS
+// The fp8 kernel's targets, by output dtype (its operands are e4m3).
+#define JAX_SWIGLU_FP8_TARGETS(activation, name)                                           \
+  {"jax_swiglu_interleaved_fp8_" name "_bf16", "fp8", name, "bfloat16",                    \
+   JaxSwigluFp8##activation##Bf16},                                                        \
+      {"jax_swiglu_interleaved_fp8_" name "_f16", "fp8", name, "float16",                  \
+       JaxSwigluFp8##activation##F16},
+const Target kFp8Targets[] = {JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_FP8_TARGETS)};
+#undef JAX_SWIGLU_FP8_TARGETS
 
 // A family's workspace size for an activation and dtype given by name ("" or an error
 // message).
@@ -303,6 +431,29 @@ std::string LaunchByName(const std::string& activation, const std::string& dtype
   });
 }
 
+// The compiled rows of `table` as dicts (the columns of kernel_configs.h), onto `l`.
+template <size_t N>
+void AppendConfigs(const char* kernel, const jax_swiglu::KernelConfig (&table)[N], nb::list& l) {
+  for (const jax_swiglu::KernelConfig& c : table) {
+    if (!c.compiled()) continue;
+    nb::dict d;
+    d["kernel"] = kernel;
+    d["id"] = c.id;
+    d["schedule"] = ScheduleName(c.schedule);
+    d["m_side"] = c.m_side == jax_swiglu::MmaMSide::Weights ? "weights" : "tokens";
+    d["tile_m"] = c.tile_m;
+    d["tile_n"] = c.tile_n;
+    d["tile_k"] = c.tile_k;
+    d["cluster_m"] = c.cluster_m;
+    d["cluster_n"] = c.cluster_n;
+    d["scheduler"] = SchedulerName(c.scheduler);
+    d["store"] = c.store == jax_swiglu::OutputStore::DirectStore ? "direct" : "tma";
+    d["m_bands"] = c.m_bands;
+    d["optional"] = c.build == jax_swiglu::Build::Optional;
+    l.append(d);
+  }
+}
+
 void CheckDimensions(int64_t m, int64_t k, int64_t n_packed) {
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   if (m > kMax || k > kMax || 2 * n_packed > kMax) {
@@ -319,14 +470,17 @@ NB_MODULE(_kernels, m) {
   m.def("registrations", []() {
     nb::dict d;
     for (const Target& t : kTargets) d[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
+    for (const Target& t : kFp8Targets) {
+      d[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
+    }
     return d;
   });
 
   // (name, kernel, activation, dtype) of every target, so Python never spells a target
   // name itself.
-  m.def("targets", []() {
+  auto target_list = [](const auto& targets) {
     nb::list l;
-    for (const Target& t : kTargets) {
+    for (const Target& t : targets) {
       nb::dict d;
       d["name"] = t.name;
       d["kernel"] = t.kernel;
@@ -335,32 +489,22 @@ NB_MODULE(_kernels, m) {
       l.append(d);
     }
     return l;
-  });
+  };
+  m.def("targets", [target_list]() { return target_list(kTargets); });
+  // The same for the fp8 kernel (its `dtype` is the output's; x and weights are e4m3).
+  m.def("fp8_targets", [target_list]() { return target_list(kFp8Targets); });
 
   // The tile configurations this build compiled (ffi/kernel_configs.h), by kernel.
   m.def("kernel_configs", []() {
     nb::list l;
-    auto add = [&l](const char* kernel, const auto& table) {
-      for (const jax_swiglu::KernelConfig& c : table) {
-        nb::dict d;
-        d["kernel"] = kernel;
-        d["id"] = c.id;
-        d["schedule"] = ScheduleName(c.schedule);
-        d["m_side"] = c.m_side == jax_swiglu::MmaMSide::Weights ? "weights" : "tokens";
-        d["tile_m"] = c.tile_m;
-        d["tile_n"] = c.tile_n;
-        d["tile_k"] = c.tile_k;
-        d["cluster_m"] = c.cluster_m;
-        d["cluster_n"] = c.cluster_n;
-        d["scheduler"] = SchedulerName(c.scheduler);
-        d["store"] = c.store == jax_swiglu::OutputStore::DirectStore ? "direct" : "tma";
-        d["m_bands"] = c.m_bands;
-        d["optional"] = c.build == jax_swiglu::Build::Optional;
-        if (c.compiled()) l.append(d);
-      }
-    };
-    add(jax_swiglu::Interleaved::kName, jax_swiglu::kInterleavedConfigs);
-    add(jax_swiglu::Pingpong::kName, jax_swiglu::kPingpongConfigs);
+    AppendConfigs(jax_swiglu::Interleaved::kName, jax_swiglu::kInterleavedConfigs, l);
+    AppendConfigs(jax_swiglu::Pingpong::kName, jax_swiglu::kPingpongConfigs, l);
+    return l;
+  });
+  // The fp8 kernel's configurations (a table of their own: they run other operands).
+  m.def("fp8_configs", []() {
+    nb::list l;
+    AppendConfigs(jax_swiglu::Fp8::kName, jax_swiglu::kFp8Configs, l);
     return l;
   });
 
@@ -385,6 +529,9 @@ NB_MODULE(_kernels, m) {
                           : kernel == jax_swiglu::Pingpong::kName
                               ? WorkspaceBytes<jax_swiglu::Pingpong>(activation, dtype, config,
                                                                      problem, device, &bytes)
+                          : kernel == jax_swiglu::Fp8::kName
+                              ? WorkspaceBytes<jax_swiglu::Fp8>(activation, dtype, config,
+                                                                problem, device, &bytes)
                               : "unknown kernel " + kernel;
         if (!err.empty()) throw std::invalid_argument("jax_swiglu: " + err);
         return bytes;

@@ -73,6 +73,22 @@
 
 #define JAX_SWIGLU_NUM_PINGPONG_CONFIGS 1
 
+// Interleaved kernel on fp8 (e4m3) operands: x quantized per row, the packed weights K-major
+// ([2 N_pad, K], jax_swiglu/_quantize.py), since SM90's fp8 wgmma reads both operands
+// K-major; CUTLASS's fp8 mainloop (fp32 accumulators promoted every k tile, not the fast
+// accumulation); the epilogue multiplies each fp32 accumulator by its token's and its packed
+// column's scale before the activation, and rounds once to the output dtype (bfloat16 or
+// float16: one translation unit each). tile_k counts fp8 elements (128 bytes a row). The
+// promoted accumulators take twice the registers of the bf16 kernel's, so a math warpgroup's
+// share of a tile is at most 64 x 128 (a 128 x 256 cooperative tile spills).
+#define JAX_SWIGLU_FP8_CONFIGS(X)                                                    \
+  X(0, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Always) \
+  X(1, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)    \
+  X(2, Cooperative, Weights, 16, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)    \
+  X(3, Cooperative, Weights, 64, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)
+
+#define JAX_SWIGLU_NUM_FP8_CONFIGS 4
+
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
 // the FFI target names carry the name, and Python's reference (jax_swiglu/_reference.py)
@@ -130,6 +146,7 @@ inline constexpr KernelConfig kInterleavedConfigs[] = {
     JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
 inline constexpr KernelConfig kPingpongConfigs[] = {
     JAX_SWIGLU_PINGPONG_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
+inline constexpr KernelConfig kFp8Configs[] = {JAX_SWIGLU_FP8_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
 #undef JAX_SWIGLU_CONFIG_ROW
 
 static_assert(sizeof(kInterleavedConfigs) / sizeof(KernelConfig) ==
@@ -137,6 +154,8 @@ static_assert(sizeof(kInterleavedConfigs) / sizeof(KernelConfig) ==
               "JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS must match the table");
 static_assert(sizeof(kPingpongConfigs) / sizeof(KernelConfig) == JAX_SWIGLU_NUM_PINGPONG_CONFIGS,
               "JAX_SWIGLU_NUM_PINGPONG_CONFIGS must match the table");
+static_assert(sizeof(kFp8Configs) / sizeof(KernelConfig) == JAX_SWIGLU_NUM_FP8_CONFIGS,
+              "JAX_SWIGLU_NUM_FP8_CONFIGS must match the table");
 
 template <size_t N>
 constexpr bool ConfigIdsAreRowIndices(const KernelConfig (&table)[N]) {
@@ -146,7 +165,7 @@ constexpr bool ConfigIdsAreRowIndices(const KernelConfig (&table)[N]) {
   return true;
 }
 static_assert(ConfigIdsAreRowIndices(kInterleavedConfigs) &&
-                  ConfigIdsAreRowIndices(kPingpongConfigs),
+                  ConfigIdsAreRowIndices(kPingpongConfigs) && ConfigIdsAreRowIndices(kFp8Configs),
               "config ids must be 0, 1, 2, ... in table order");
 
 // The swap-AB rows: cooperative (CUTLASS's stream-K runs only there), one tile of packed
@@ -165,6 +184,21 @@ constexpr bool SwapAbRowsAreValid(const KernelConfig (&table)[N]) {
   }
   return true;
 }
-static_assert(SwapAbRowsAreValid(kInterleavedConfigs), "a swap-AB row the kernel cannot build");
+static_assert(SwapAbRowsAreValid(kInterleavedConfigs) && SwapAbRowsAreValid(kFp8Configs),
+              "a swap-AB row the kernel cannot build");
+
+// The fp8 rows: no split tail or bands (the plain tile orders), and a k tile of 128 bytes.
+template <size_t N>
+constexpr bool Fp8RowsAreValid(const KernelConfig (&table)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    const KernelConfig& c = table[i];
+    if (c.scheduler == TileScheduler::SplitTail || c.m_bands != 1 || c.tile_k != 128 ||
+        c.store != OutputStore::DirectStore) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(Fp8RowsAreValid(kFp8Configs), "an fp8 row the kernel cannot build");
 
 }  // namespace jax_swiglu

@@ -39,6 +39,16 @@ struct SwigluProblem {
   // flags); an output buffer of the custom call, sized by the matching *WorkspaceBytes.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // fp8 kernel only (x and packed are then e4m3, packed stored K-major as [2 * n_packed, k]):
+  // x row m stands for x_q[m, :] * x_scale[m], packed column p for its fp8 values times
+  // w_scale[p * w_scale_stride] (stride 1: a scale per packed column; 0: one for all).
+  const float* x_scale = nullptr;
+  const float* w_scale = nullptr;
+  int w_scale_stride = 1;
+  // fp8 only: wgmma instructions (32 of K each) between two promotions of the tensor cores'
+  // accumulators into the fp32 ones (CUTLASS's mma_promotion_interval; a multiple of the
+  // k tile's 4). The tensor cores accumulate fp8 products at reduced precision in between.
+  int fp8_promotion = 4;
 };
 
 // Per-device facts the launchers need, read once per device and cached.
@@ -62,10 +72,16 @@ std::string LaunchPingpong(const SwigluProblem& problem, const DeviceFacts& devi
                            cudaStream_t stream);
 // Bytes of workspace a launch of that configuration on `problem` (its shapes and tile
 // order; pointers unused) needs on a GPU with `device.sm_count` SMs; 0 for most.
+// The fp8 interleaved kernel; `Element` is the output's (BF16 or F16).
+template <int ConfigId, class Element, Activation kActivation>
+std::string LaunchFp8(const SwigluProblem& problem, const DeviceFacts& device,
+                      cudaStream_t stream);
 template <int ConfigId, class Element, Activation kActivation>
 size_t InterleavedWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
 template <int ConfigId, class Element, Activation kActivation>
 size_t PingpongWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
+template <int ConfigId, class Element, Activation kActivation>
+size_t Fp8WorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
 // Fills `facts` for the current device; returns an error message or "".
 std::string CurrentDeviceFacts(DeviceFacts* facts);
 

@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 
 from . import _layout, _quantize, _reference, selection
+from ._fp8_primitive import swiglu_fp8_p
 from ._primitive import swiglu_p
+from .selection import _fp8
 
-# What runs a call on fp8 weights, until a fused fp8 kernel exists.
-_FP8_PATH = "xla (fp8 weights: XLA's scaled fp8 dot; no fused fp8 kernel in this version)"
 
 
 def _check_x(x, packed: _layout.PackedWeights):
@@ -61,10 +61,13 @@ def _check_fp8_call(x, weights: _quantize.QuantizedWeights, kernel: str, x_scale
         raise TypeError(f"with fp8 weights x must be bfloat16, float16 or fp8 (with x_scale), "
                         f"got {x_dtype}")
     selection.check_kernel_name(kernel)
-    requested, source = selection.requested_kernel(kernel)
-    if requested not in ("auto", "xla"):
-        raise RuntimeError(f"{source} was requested for fp8 weights, but this version has no "
-                           "fused fp8 kernel; kernel='auto' or 'xla' runs XLA's scaled fp8 dot")
+    requested, _ = selection.requested_kernel(kernel)
+    if requested != "auto":
+        # A forced kernel that cannot run says so now, not when the call is compiled.
+        platform = "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
+        _fp8.choose_fp8(math.prod(x.shape[:-1]), weights.n, weights.k,
+                        _reference.fp8_output_dtype(x_dtype), kernel=kernel, platform=platform,
+                        weights_dtype=weights.dtype)
 
 
 def swiglu(x, packed, *, kernel: str = "auto", activation: str = "silu", x_scale=None):
@@ -82,8 +85,11 @@ def swiglu(x, packed, *, kernel: str = "auto", activation: str = "silu", x_scale
         ``"gelu_tanh"`` (Gemma: ``jax.nn.gelu(g, approximate=True)``).
       x_scale: with fp8 weights (:class:`QuantizedWeights` from :func:`quantize_weights`) and
         an fp8 ``x`` only: ``x``'s float32 per-row scales, shape ``x.shape[:-1]``. A 16-bit
-        ``x`` is quantized per row inside the call. fp8 calls run XLA's scaled fp8 dot
-        (fp32 accumulation) and return bfloat16 (x's dtype for 16-bit ``x``).
+        ``x`` is quantized per row first (:func:`quantize_tokens`, an XLA fusion before the
+        kernel). fp8 calls run the fused fp8 kernel on an SM90 GPU (``kernel="auto"`` or
+        ``"interleaved"``; e4m3 weights, K a multiple of 16), else the XLA path (the
+        dequantized values in fp32 math: :func:`swiglu_reference_quantized`), and return x's
+        dtype for 16-bit ``x``, bfloat16 for fp8 ``x``.
 
     Returns:
       ``[..., N]`` in ``x.dtype``: products accumulated in fp32, activation and product in
@@ -97,7 +103,7 @@ def swiglu(x, packed, *, kernel: str = "auto", activation: str = "silu", x_scale
     _reference.check_activation(activation)
     if isinstance(packed, _quantize.QuantizedWeights):
         _check_fp8_call(x, packed, kernel, x_scale)
-        return _reference.swiglu_xla_quantized(x, packed, x_scale=x_scale, activation=activation)
+        return _swiglu_fp8(x, packed, kernel=kernel, activation=activation, x_scale=x_scale)
     if x_scale is not None:
         raise ValueError("x_scale is for fp8 weights (QuantizedWeights); these are "
                          f"{type(packed).__name__}")
@@ -111,6 +117,19 @@ def swiglu(x, packed, *, kernel: str = "auto", activation: str = "silu", x_scale
     y = swiglu_p.bind(x.reshape(m, packed.k), packed.data, n=packed.n, kernel=kernel,
                       activation=activation)
     return y.reshape(*lead, packed.n)
+
+
+def _swiglu_fp8(x, weights: _quantize.QuantizedWeights, *, kernel, activation, x_scale):
+    out_dtype = _reference.fp8_output_dtype(x.dtype)
+    lead = x.shape[:-1]
+    m = math.prod(lead)
+    if m == 0:
+        return jnp.zeros((*lead, weights.n), out_dtype)
+    x_q, x_scale = _reference.quantized_tokens(x, x_scale, weights.dtype)
+    y = swiglu_fp8_p.bind(x_q.reshape(m, weights.k), x_scale.reshape(m), weights.data,
+                          weights.scales, n=weights.n, kernel=kernel, activation=activation,
+                          out_dtype=out_dtype.name)
+    return y.reshape(*lead, weights.n)
 
 
 def fused_mlp(x, packed, w_down, *, kernel: str = "auto", activation: str = "silu",
@@ -188,8 +207,13 @@ def explain(x, packed, *, kernel: str = "auto", activation: str = "silu",
         _check_fp8_call(x, packed, kernel, None if x.dtype in _layout.KERNEL_DTYPES else
                         jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32))
         m = math.prod(x.shape[:-1])
+        platform = platform or jax.default_backend()
+        platform = "cuda" if platform == "gpu" else platform
+        choice = _fp8.choose_fp8(m, packed.n, packed.k, _reference.fp8_output_dtype(x.dtype),
+                                 kernel=kernel, platform=platform, activation=activation,
+                                 weights_dtype=packed.dtype)
         return (f"M={m} N={packed.n} K={packed.k} {x.dtype} x {packed.dtype} weights "
-                f"({packed.scale_mode}) {activation}: {_FP8_PATH}")
+                f"({packed.scale_mode}) {activation} on {platform}: {choice.describe()}")
     packed = _layout.as_packed(packed, "packed")
     _check_x(x, packed)
     platform = platform or jax.default_backend()

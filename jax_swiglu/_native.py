@@ -123,6 +123,22 @@ def kernel_configs() -> dict[str, dict[int, KernelConfig]]:
     return table
 
 
+@functools.cache
+def fp8_targets() -> dict[tuple[str, str], str]:
+    """``(activation, output dtype name) -> FFI target name`` of the fp8 kernel."""
+    if _kernels is None or not hasattr(_kernels, "fp8_targets"):
+        return {}
+    return {(t["activation"], t["dtype"]): t["name"] for t in _kernels.fp8_targets()}
+
+
+@functools.cache
+def fp8_configs() -> dict[int, KernelConfig]:
+    """``config id -> KernelConfig`` of the fp8 kernel's table (ffi/kernel_configs.h)."""
+    if _kernels is None or not hasattr(_kernels, "fp8_configs"):
+        return {}
+    return {row["id"]: KernelConfig(**row) for row in _kernels.fp8_configs()}
+
+
 # SMs of a full GH100: with no local GPU the workspace is sized for every SM count up to it.
 _MAX_SM_COUNT = 144
 

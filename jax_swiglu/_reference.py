@@ -87,7 +87,7 @@ def fp8_output_dtype(x_dtype):
         jnp.bfloat16)
 
 
-def _tokens(x, x_scale, weights_dtype):
+def quantized_tokens(x, x_scale, weights_dtype):
     """(x_q, x_scale): fp8 x as given, 16-bit x quantized per row to the weights' format."""
     if x_scale is None:
         return _quantize.quantize_tokens(x, weights_dtype)
@@ -102,20 +102,41 @@ def swiglu_reference_quantized(x, weights, *, x_scale=None, activation: str = "s
     fp8 path does). The dequantized values (fp8 times scale) are multiplied in
     fp32 at full precision; the result is rounded once to :func:`fp8_output_dtype`.
     """
-    x_q, x_scale = _tokens(x, x_scale, weights.dtype)
-    w_gate, w_up = _quantize.dequantize_weights(weights)
+    weights = _quantize.as_quantized(weights, "weights")
+    x_q, x_scale = quantized_tokens(x, x_scale, weights.dtype)
+    return swiglu_reference_quantized_operands(
+        x_q, x_scale, weights.data, weights.scales, n=weights.n, activation=activation,
+        out_dtype=fp8_output_dtype(x.dtype))
+
+
+def swiglu_reference_quantized_operands(x_q, x_scale, data, scales, *, n: int, activation: str,
+                                        out_dtype):
+    """:func:`swiglu_reference_quantized` on operands already quantized (``x_q [..., K]`` fp8
+    with ``x_scale [...]``, a :class:`~jax_swiglu.QuantizedWeights`' ``data`` and ``scales``).
+
+    Optimization barriers keep the math as written. Around the fp8 operands: XLA may drop a
+    rounding it can see undone (``convert(convert(x, fp8), f32)`` on freshly quantized x, by
+    its excess-precision rule), which would skip x's quantization. Around the dequantized
+    values: XLA's GPU compiler recognizes ``dot(convert(fp8) * scale, ...)`` and rewrites it
+    into its own fp8 GEMM, whose accumulation is not fp32's."""
+    x_q, data = jax.lax.optimization_barrier((x_q, data))
+    w_gate, w_up = _layout.split_gate_up(data.astype(jnp.float32).T * scales, n)
     x_f32 = x_q.astype(jnp.float32) * x_scale[..., None]
+    x_f32, w_gate, w_up = jax.lax.optimization_barrier((x_f32, w_gate, w_up))
     highest = jax.lax.Precision.HIGHEST
     gate = jnp.matmul(x_f32, w_gate, precision=highest)
     up = jnp.matmul(x_f32, w_up, precision=highest)
-    return gated(gate, up, activation).astype(fp8_output_dtype(x.dtype))
+    return gated(gate, up, activation).astype(out_dtype)
 
 
 def swiglu_xla_quantized(x, weights, *, x_scale=None, activation: str = "silu"):
-    """The XLA path for fp8 weights: one scaled fp8 dot ``x_q [M, K] x data^T`` with fp32
-    accumulation (cuBLASLt's fp8 GEMM on Hopper), the two scales applied to the fp32 product,
-    then the split, the activation in fp32 and one rounding."""
-    x_q, x_scale = _tokens(x, x_scale, weights.dtype)
+    """What a user would write in plain XLA for fp8 weights, the benchmarks' baseline: one
+    scaled fp8 dot ``x_q [M, K] x data^T`` asking for an fp32 result (cuBLASLt's fp8 GEMM on
+    Hopper, whose accumulation is not fp32 throughout), the two scales applied to the
+    product, then the split, the activation in fp32 and one rounding. Not the spec:
+    :func:`swiglu_reference_quantized` is."""
+    weights = _quantize.as_quantized(weights, "weights")
+    x_q, x_scale = quantized_tokens(x, x_scale, weights.dtype)
     product = jax.lax.dot_general(x_q, weights.data, (((x_q.ndim - 1,), (1,)), ((), ())),
                                   preferred_element_type=jnp.float32)
     product = product * x_scale[..., None] * weights.scales

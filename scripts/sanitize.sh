@@ -65,7 +65,7 @@ for tool in $TOOLS; do
   echo "== $tool: $sanitizer --tool $tool ${common[*]} ${extra[*]} $PY $DRIVER run --tool $tool" > "$log"
   start=$(date +%s)
   timeout --kill-after=30 "$TOOL_TIMEOUT" "$sanitizer" --tool "$tool" "${common[@]}" "${extra[@]}" \
-    "$PY" "$DRIVER" run --tool "$tool" >> "$log" 2>&1
+    "$PY" "$DRIVER" run --tool "$tool" ${SANITIZE_ARGS:-} >> "$log" 2>&1
   rc=$?
   "$PY" "$DRIVER" report --tool "$tool" --exit-code "$rc" --seconds "$(( $(date +%s) - start ))" \
     "$log" | tee -a "$SUMMARY"

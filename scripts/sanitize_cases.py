@@ -137,6 +137,7 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
     _set_sanitizer_env()
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     import jax_swiglu
     from jax_swiglu import selection
@@ -184,8 +185,13 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
     launches = [(kernel, config, splits) for kernel in kernels for config in sorted(configs[kernel])
                 if not only or (kernel == "interleaved" and config in only)
                 for splits in ((1, 2, 4) if configs[kernel][config].splits_k else (1,))]
-    planned = sum(runs(kernel, config, m) for kernel, config, _ in launches
-                  for m in m_values) * len(models)
+    # The fp8 kernel's configs (SANITIZE_FP8_CONFIGS="2 3" limits them, "none" skips them),
+    # on the same x and weights quantized, checked against the fp8 spec.
+    fp8_only = os.environ.get("SANITIZE_FP8_CONFIGS", "").split()
+    fp8_configs = [] if fp8_only == ["none"] else [
+        c for c in sorted(jax_swiglu._native.fp8_configs()) if not fp8_only or str(c) in fp8_only]
+    planned = (sum(runs(kernel, config, m) for kernel, config, _ in launches
+                   for m in m_values) + len(fp8_configs) * len(m_values)) * len(models)
     print(f"PLAN tool={tool} cases={planned}")
     cases = wrong = 0
     env = selection.CONFIG_ENV_VAR
@@ -214,6 +220,40 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
                     detail = f"off={off} rel_fro={rel_fro:.3g}"
                 except Exception as error:  # noqa: BLE001 (reported, counted, carried on)
                     message = " ".join(str(error).split())[:500]  # one line
+                    verdict, detail = "WRONG", f"{type(error).__name__}: {message}"
+                wrong += verdict == "WRONG"
+                print(f"{verdict} {label} {detail} ({time.time() - start:.1f} s)")
+    fp8_fn = jax.jit(lambda poison, x, q: jax_swiglu.swiglu(x, q), donate_argnums=0,
+                     keep_unused=True)
+    quantized = {}
+    for config in fp8_configs:
+        os.environ[env] = str(config)
+        jax.clear_caches()
+        for model in models:
+            k, n, x_all, packed, _ = data[model]
+            if model not in quantized:
+                gate, up = jax_swiglu._layout.split_gate_up(packed.astype(jnp.float32), n)
+                quantized[model] = jax_swiglu.quantize_weights(gate, up)
+            q = quantized[model]
+            for m in m_values:
+                cases += 1
+                label = f"tool={tool} kernel=fp8 config={config} {model} m={m} k={k} n={n}"
+                print(f"CASE {label}")
+                start = time.time()
+                try:
+                    x = jax.device_put(x_all[:m])
+                    poison = jnp.full((m, n), jnp.nan, x.dtype)
+                    lowered = lowered_config(fp8_fn.trace(poison, x, q).lower(
+                        lowering_platforms=("cuda",)).as_text())
+                    if lowered != config:
+                        raise AssertionError(f"the CUDA lowering uses config {lowered}")
+                    y = jax.block_until_ready(fp8_fn(poison, x, q))
+                    spec = jax_swiglu.swiglu_reference_quantized(x, q)
+                    off, rel_fro = check(y, np.asarray(spec, np.float32))
+                    verdict = "OK" if off == 0 and rel_fro < 1e-2 else "WRONG"
+                    detail = f"off={off} rel_fro={rel_fro:.3g}"
+                except Exception as error:  # noqa: BLE001
+                    message = " ".join(str(error).split())[:500]
                     verdict, detail = "WRONG", f"{type(error).__name__}: {message}"
                 wrong += verdict == "WRONG"
                 print(f"{verdict} {label} {detail} ({time.time() - start:.1f} s)")

@@ -339,3 +339,27 @@ def test_profile_script_brackets_one_call_per_launch(monkeypatch, capsys):
     assert seen == [(None, None), (None, None), ("interleaved", "1,swizzle=2")]
     assert selection.ENV_VAR not in os.environ and selection.CONFIG_ENV_VAR not in os.environ
     assert capsys.readouterr().out.count("profiling qwen2.5-0.5b M=16") == 3
+
+
+def test_fp8_benchmark_targets_and_report():
+    from benchmarks import bench_fp8
+    from jax_swiglu import PUBLIC_MLPS
+
+    def row(model, m, fp8, xla, bf16, off=0):
+        k, n = PUBLIC_MLPS[model]
+        return {"model": model, "m": m, "k": k, "n": n, "fp8_weight_bytes": k * 2 * n,
+                "bf16_weight_bytes": 4 * k * n,
+                "gpu_us": {"fp8": fp8, "fp8_xq": fp8 - 3, "xla_fp8": xla, "bf16": bf16},
+                "mismatches": {"fp8": off, "fp8_xq": off, "xla_fp8": 99},
+                "fp8_choice": "M=1 ...: interleaved fp8 [config 2]"}
+    rows = [row("qwen2.5-0.5b", 1, 10.0, 13.0, 9.0), row("qwen2.5-7b", 1, 36.0, 40.0, 66.0),
+            row("qwen2.5-7b", 2048, 400.0, 420.0, 660.0, off=2)]
+    met = {target: ok for target, _, ok in bench_fp8.targets(rows)}
+    assert met == {"fp8 >= 1.6x bf16 auto at M >= 2048 on the 7B-72B shapes": True,
+                   "fp8 >= 1.8x bf16 auto at M <= 16 on >= 100 MB of bf16 weights": True,
+                   "fp8 >= 1.00x XLA's fp8 path on every row": True,
+                   "geomean >= 1.2x XLA's fp8 path over the 0.5B-3B rows": True,
+                   "0 mismatches (1 % + 1e-3 against the spec)": False}
+    text = bench_fp8.markdown({"environment": {"device": "GPU", "date": "2026-12-01", "git": "x"},
+                               "iterations": 10, "rounds": 3, "rows": rows})
+    assert "| qwen2.5-7b | 2048 | 400.0 |" in text and "| no |" in text

@@ -331,3 +331,30 @@ def test_jax_swiglu_imports_without_flax():
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "jax_swiglu.nn needs flax: pip install 'jax_swiglu[flax]'" in result.stdout
+
+
+@pytest.mark.parametrize("scale", ["per_channel", "per_tensor"])
+def test_fp8_module_is_the_fp8_spec_then_the_down_dot(key, scale):
+    mlp = swiglu_nn.SwiGLUMLP(128, 96, rngs=nnx.Rngs(0))
+    fp8 = swiglu_nn.Fp8SwiGLUMLP.quantize(mlp, scale=scale)
+    assert fp8.gate_up_data[...].dtype == jnp.float8_e4m3fn
+    assert fp8.gate_up_data[...].shape == (192, 128)  # [2 N_pad, K]
+    assert not nnx.state(fp8, nnx.Param).get("gate_up_data")  # not a trainable Param
+    x = random_x(key, (2, 5, 128))
+    expected = jnp.matmul(jax_swiglu.swiglu_reference_quantized(x, fp8.quantized_weights()),
+                          mlp.down_proj.kernel[...])
+    out = nnx.jit(lambda m, x: m(x))(fp8, x)
+    assert out.shape == (2, 5, 128) and out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
+                               rtol=0.02, atol=0.02)
+    # Close to the bf16 block, within fp8's error.
+    bf16 = np.asarray(mlp(x), np.float32)
+    assert np.linalg.norm(np.asarray(out, np.float32) - bf16) / np.linalg.norm(bf16) < 0.1
+    # From the fused module too, to the same weights.
+    again = swiglu_nn.Fp8SwiGLUMLP.quantize(swiglu_nn.FusedSwiGLUMLP.from_unfused(mlp),
+                                            scale=scale)
+    np.testing.assert_array_equal(np.asarray(again.gate_up_data[...]).view(np.uint8),
+                                  np.asarray(fp8.gate_up_data[...]).view(np.uint8))
+    assert "float8_e4m3fn weights" in fp8.explain(x)
+    with pytest.raises(TypeError, match="SwiGLUMLP or FusedSwiGLUMLP"):
+        swiglu_nn.Fp8SwiGLUMLP.quantize(object())

@@ -5,6 +5,9 @@ Criterion, as the issue states it: no element more than 1 % + 1e-3 off
 ``swiglu_reference_quantized`` (fp32 math on the dequantized x and weights).
 """
 
+import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +17,9 @@ import jax_swiglu
 from jax_swiglu import (QuantizedWeights, dequantize_weights, pack_weights, quantize_tokens,
                         quantize_weights, swiglu, swiglu_reference_quantized)
 
-from helpers import random_weights, random_x
+from jax_swiglu.selection import _fp8
+
+from helpers import random_weights, random_x, requires_kernels
 
 FORMATS = [jnp.float8_e4m3fn, jnp.float8_e5m2]
 MODES = ["per_channel", "per_tensor"]
@@ -117,17 +122,101 @@ def test_fused_mlp_leading_dims_vmap_and_explain():
     batched = jax.vmap(lambda x: swiglu(x, q))(x)
     np.testing.assert_array_equal(np.asarray(batched), np.asarray(swiglu(x, q)))
     text = jax_swiglu.explain(jax.ShapeDtypeStruct((4, 64), jnp.bfloat16), q)
-    assert "float8_e4m3fn weights (per_channel)" in text and "scaled fp8 dot" in text
+    assert "float8_e4m3fn weights (per_channel)" in text and "xla (dequantized" in text
 
 
-def test_cuda_lowering_is_one_fp8_dot():
-    """What XLA gets on a GPU: an fp8 x fp8 dot accumulating in fp32 (its cuBLASLt fp8 GEMM)."""
+def test_cuda_lowering_of_the_xla_path_is_the_spec():
+    """kernel="xla" on a GPU: fp32 dots of the dequantized values behind an optimization
+    barrier (so XLA cannot turn them back into its own fp8 GEMM), no custom call."""
     q = quantize_weights(*random_weights(jax.random.key(9), 64, 64, jnp.float32))
-    hlo = jax.jit(swiglu).trace(jax.ShapeDtypeStruct((8, 64), jnp.bfloat16), q).lower(
+    fn = functools.partial(swiglu, kernel="xla")
+    hlo = jax.jit(fn).trace(jax.ShapeDtypeStruct((8, 64), jnp.bfloat16), q).lower(
+        lowering_platforms=("cuda",)).as_text()
+    dots = [line for line in hlo.splitlines() if "stablehlo.dot_general" in line]
+    assert len(dots) == 2 and all("xf32>" in d and "f8E4M3FN" not in d for d in dots)
+    assert "optimization_barrier" in hlo and "custom_call" not in hlo
+
+
+def test_the_xla_baseline_is_one_fp8_dot():
+    """The benchmarks' baseline, XLA's own fp8 path: an fp8 x fp8 dot asking for fp32."""
+    q = quantize_weights(*random_weights(jax.random.key(9), 64, 64, jnp.float32))
+    hlo = jax.jit(jax_swiglu._reference.swiglu_xla_quantized).trace(
+        jax.ShapeDtypeStruct((8, 64), jnp.bfloat16), q).lower(
         lowering_platforms=("cuda",)).as_text()
     dots = [line for line in hlo.splitlines() if "stablehlo.dot_general" in line]
     assert len(dots) == 1 and "tensor<8x64xf8E4M3FN>, tensor<128x64xf8E4M3FN>" in dots[0]
     assert "-> tensor<8x128xf32>" in dots[0]
+
+
+def _fp8_calls(hlo):
+    return [(t, int(c)) for t, c in
+            re.findall(r"stablehlo.custom_call @(jax_swiglu_\w+)\(.*?config = (\d+)", hlo)]
+
+
+@requires_kernels
+@pytest.mark.parametrize("m", [1, 16, 17, 64, 65, 300, 4096])
+@pytest.mark.parametrize("x_dtype, suffix", [(jnp.bfloat16, "bf16"), (jnp.float16, "f16")])
+def test_cuda_lowering_names_the_fp8_kernel_the_rule_picks(m, x_dtype, suffix):
+    q = quantize_weights(*random_weights(jax.random.key(9), 256, 1024, jnp.float32))
+    choice = _fp8.choose_fp8(m, 1024, 256, x_dtype)
+    hlo = jax.jit(swiglu).trace(jax.ShapeDtypeStruct((m, 256), x_dtype), q).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert _fp8_calls(hlo) == [(f"jax_swiglu_interleaved_fp8_silu_{suffix}", choice.config.id)]
+    # The x pre-pass quantizes to e4m3 in XLA; no dot is left for XLA.
+    assert "stablehlo.dot_general" not in hlo and "f8E4M3FN" in hlo
+    text = jax_swiglu.explain(jax.ShapeDtypeStruct((m, 256), x_dtype), q, platform="cuda")
+    assert f"config {choice.config.id}" in text and "fp8 rule" in text
+
+
+@requires_kernels
+def test_fp8_calls_the_kernel_cannot_run_lower_to_xla():
+    """e5m2 weights, and K = 40 (rows of 40 fp8 bytes, which TMA cannot load), run XLA."""
+    w = random_weights(jax.random.key(9), 48, 64, jnp.float32)
+    for q, k in ((quantize_weights(*w, dtype=jnp.float8_e5m2), 48),
+                 (quantize_weights(*random_weights(jax.random.key(9), 40, 64, jnp.float32)), 40)):
+        hlo = jax.jit(swiglu).trace(jax.ShapeDtypeStruct((8, k), jnp.bfloat16), q).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert _fp8_calls(hlo) == [] and "stablehlo.dot_general" in hlo
+        text = jax_swiglu.explain(jax.ShapeDtypeStruct((8, k), jnp.bfloat16), q, platform="cuda")
+        assert "xla" in text and ("e5m2" in text or "multiple of 16" in text)
+
+
+def _configs():
+    from jax_swiglu._native import KernelConfig
+    rows = [KernelConfig("fp8", 0, "cooperative", 128, 128, 128, 2, 1, "persistent", "direct"),
+            KernelConfig("fp8", 1, "cooperative", 128, 128, 128, 1, 1, "stream-k", "direct"),
+            KernelConfig("fp8", 2, "cooperative", 16, 128, 128, 1, 1, "stream-k", "direct",
+                         m_side="weights"),
+            KernelConfig("fp8", 3, "cooperative", 64, 128, 128, 1, 1, "stream-k", "direct",
+                         m_side="weights")]
+    return {c.id: c for c in rows}
+
+
+def test_fp8_rule_follows_tokens_waves_and_the_sm_count():
+    configs = _configs()
+    assert [_fp8.rule(m, 4096, 132, configs)[0] for m in (1, 5, 16, 17, 40, 64)] == [2] * 3 + [3] * 3
+    # 128 x 128 tiles of N = 4096 (64 per row of tiles): M = 256 is 128 tiles on 132 SMs, 97 %
+    # of one wave (persistent); M = 384 is 1.45 waves (stream-K); M = 8192, 31 waves.
+    assert _fp8.rule(256, 4096, 132, configs)[0] == 0
+    assert _fp8.rule(384, 4096, 132, configs)[0] == 1
+    assert _fp8.rule(8192, 4096, 132, configs)[0] == 0
+    # On 114 SMs (an H100 PCIe): 192 tiles are 1.68 waves, the last 68 % full (stream-K);
+    # M = 1792 is 896 tiles, 7.9 waves (persistent).
+    assert _fp8.rule(384, 4096, 114, configs)[0] == 1
+    assert _fp8.rule(1792, 4096, 114, configs)[0] == 0
+
+
+def test_the_fp8_primitive_on_the_cpu_is_the_xla_path():
+    q = quantize_weights(*random_weights(jax.random.key(11), 128, 96, jnp.float32),
+                         scale="per_tensor")
+    x = random_x(jax.random.key(12), (3, 5, 128))
+    expected = swiglu_reference_quantized(x, q)
+    np.testing.assert_array_equal(np.asarray(swiglu(x, q)), np.asarray(expected))
+    np.testing.assert_array_equal(np.asarray(jax.jit(swiglu)(x, q)), np.asarray(expected))
+    batched = jax.vmap(lambda x: swiglu(x, q), in_axes=1)(x)
+    np.testing.assert_array_equal(np.asarray(batched), np.asarray(jnp.swapaxes(expected, 0, 1)))
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        jax.grad(lambda x: swiglu(x, q).astype(jnp.float32).sum())(x)
 
 
 def test_quantized_weights_are_a_pytree():
@@ -193,7 +282,7 @@ def test_bad_fp8_calls_are_refused(quantized):
         swiglu(x.astype(jnp.float32), quantized)
     with pytest.raises(ValueError, match="K=32"):
         swiglu(x[:, :32], quantized)
-    with pytest.raises(RuntimeError, match="no fused fp8 kernel"):
-        swiglu(x, quantized, kernel="interleaved")
+    with pytest.raises(RuntimeError, match="pingpong kernel has no fp8 form"):
+        swiglu(x, quantized, kernel="pingpong")
     with pytest.raises(TypeError, match="w_down is float32"):
         jax_swiglu.fused_mlp(x, quantized, jnp.zeros((64, 64), jnp.float32))

@@ -56,7 +56,7 @@ def test_records_stay_lean():
 
 @pytest.mark.parametrize("module", ["bench_swiglu", "calibrate", "report", "tuning_data",
                                     "peers", "environment", "profile_kernels",
-                                    "tensor_parallel", "model_swap"])
+                                    "tensor_parallel", "model_swap", "bench_fp8"])
 def test_benchmarks_import_as_a_package(module):
     __import__(f"benchmarks.{module}")
 

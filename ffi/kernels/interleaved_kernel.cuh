@@ -64,17 +64,27 @@ struct TileSchedulerFor<TileScheduler::SplitTail, 1> {
   using type = SplitTailPersistentScheduler;
 };
 
-// The CollectiveBuilder's mainloop for interleaved config `ConfigId` beside `Epilogue` (whose
-// shared memory the stage count leaves free), on `TileShape` with A and B in these layouts.
-template <int ConfigId, class Element, class TileShape, class LayoutA, class LayoutB,
-          class Epilogue>
-using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+// The CollectiveBuilder's TMA + wgmma mainloop on `TileShape`, A and B of `Element` in these
+// layouts, fp32 accumulators (for fp8 elements CUTLASS's fp8 mainloop, which promotes them),
+// on clusters of kClusterM x kClusterN CTAs, leaving kCarveoutBytes of shared memory free
+// (the epilogue's).
+template <class Element, class TileShape, class LayoutA, class LayoutB, int kClusterM,
+          int kClusterN, Schedule kSchedule, int kCarveoutBytes>
+using CollectiveMainloopFor = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA,
     16 / sizeof(Element), Element, LayoutB, 16 / sizeof(Element), float, TileShape,
-    cute::Shape<cute::Int<kInterleavedConfigs[ConfigId].cluster_m>,
-                cute::Int<kInterleavedConfigs[ConfigId].cluster_n>, cute::_1>,
-    cutlass::gemm::collective::StageCountAutoCarveout<Epilogue::kSharedBytes>,
-    typename KernelScheduleFor<kInterleavedConfigs[ConfigId].schedule>::type>::CollectiveOp;
+    cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>,
+    cutlass::gemm::collective::StageCountAutoCarveout<kCarveoutBytes>,
+    typename KernelScheduleFor<kSchedule>::type>::CollectiveOp;
+
+// That mainloop for interleaved config `ConfigId` beside `Epilogue`.
+template <int ConfigId, class Element, class TileShape, class LayoutA, class LayoutB,
+          class Epilogue>
+using BuiltMainloop =
+    CollectiveMainloopFor<Element, TileShape, LayoutA, LayoutB,
+                          kInterleavedConfigs[ConfigId].cluster_m,
+                          kInterleavedConfigs[ConfigId].cluster_n,
+                          kInterleavedConfigs[ConfigId].schedule, Epilogue::kSharedBytes>;
 
 // Tokens on the wgmma M side: A = x [M, K] (K contiguous), B = packed [K, 2N] (packed
 // columns contiguous).

@@ -115,7 +115,8 @@ typename Kernel::Arguments GemmArguments(typename Kernel::ProblemShape problem,
   typename Kernel::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                   problem,
                                   mainloop,
-                                  {static_cast<ElementD*>(p.out), static_cast<int>(p.n)},
+                                  {static_cast<ElementD*>(p.out), static_cast<int>(p.n),
+                                   p.x_scale, p.w_scale, p.w_scale_stride},
                                   cutlass::KernelHardwareInfo{facts.device, facts.sm_count},
                                   {}};
   using RasterOrder = typename Kernel::TileScheduler::RasterOrderOptions;

@@ -28,7 +28,9 @@
 
 namespace jax_swiglu {
 
-template <class ElementD_, class CtaTileShape_, Activation kActivation>
+// kScaled: the fp8 kernel's form: gate and up values are multiplied by their token's and
+// their packed column's scale (launch.h) before the activation.
+template <class ElementD_, class CtaTileShape_, Activation kActivation, bool kScaled = false>
 class SwapAbSwiGluEpilogue {
  public:
   using ElementD = ElementD_;
@@ -65,15 +67,22 @@ class SwapAbSwiGluEpilogue {
   struct Arguments {
     ElementD* ptr_d;  // [M, n] row-major
     int n;            // output columns
+    // kScaled only: x_scale[M], and w_scale[packed column * w_scale_stride].
+    float const* x_scale = nullptr;
+    float const* w_scale = nullptr;
+    int w_scale_stride = 0;
   };
   struct Params {
     ElementD* ptr_d;
     int n;
+    float const* x_scale;
+    float const* w_scale;
+    int w_scale_stride;
   };
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return {args.ptr_d, args.n};
+    return {args.ptr_d, args.n, args.x_scale, args.w_scale, args.w_scale_stride};
   }
 
   template <class ProblemShape>
@@ -163,11 +172,28 @@ class SwapAbSwiGluEpilogue {
       const float* gate = smem + token * kRowFloats + (column / kGateUpBlock) * 2 * kGateUpBlock +
                           2 * ((column % kGateUpBlock) / 8);
       const float* up = gate + kGateUpBlock;
+      // kScaled: the token's scale, and the packed column of gate pair j (its up pair is
+      // kGateUpBlock further on); a group inside n has every packed column inside.
+      float x_scale = 1.0f;
+      int gate_column = 0;
+      if constexpr (kScaled) {
+        x_scale = __ldg(params_.x_scale + token0 + token);
+        gate_column = static_cast<int>(packed_tile) * kTilePacked + static_cast<int>(gate - smem -
+                                                                                   token * kRowFloats);
+      }
       uint32_t words[4];
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < 4; ++j) {
-        const float2 g = *reinterpret_cast<const float2*>(gate + 8 * j);
-        const float2 u = *reinterpret_cast<const float2*>(up + 8 * j);
+        float2 g = *reinterpret_cast<const float2*>(gate + 8 * j);
+        float2 u = *reinterpret_cast<const float2*>(up + 8 * j);
+        if constexpr (kScaled) {
+          const int stride = params_.w_scale_stride;
+          const int c = gate_column + 8 * j;
+          g.x *= x_scale * __ldg(params_.w_scale + c * stride);
+          g.y *= x_scale * __ldg(params_.w_scale + (c + 1) * stride);
+          u.x *= x_scale * __ldg(params_.w_scale + (c + kGateUpBlock) * stride);
+          u.y *= x_scale * __ldg(params_.w_scale + (c + kGateUpBlock + 1) * stride);
+        }
         cutlass::Array<float, 2> value;
         value[0] = Activate<kActivation, false>(g.x) * u.x;
         value[1] = Activate<kActivation, false>(g.y) * u.y;

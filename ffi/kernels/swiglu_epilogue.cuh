@@ -189,8 +189,11 @@ struct SequentialPairs {
 // path measured faster).
 // kHalfUnits: the scheduler may hand it a half tile (split_tail.cuh), marked in the tile's
 // batch index; only the split-tail configs' epilogues check for one.
+// kScaled: the fp8 kernel's form, whose accumulators are sums of quantized products: each is
+// first multiplied by its token's and its packed column's scale (TokenAndColumnScales).
 template <class ElementD_, class CtaTileShape_, class Pairs,
-          OutputStore kStore = OutputStore::TmaStore, bool kHalfUnits = false>
+          OutputStore kStore = OutputStore::TmaStore, bool kHalfUnits = false,
+          bool kScaled = false>
 class SwiGluEpilogue {
  public:
   static constexpr bool kDirect = kStore == OutputStore::DirectStore;
@@ -303,6 +306,10 @@ class SwiGluEpilogue {
   struct Arguments {
     ElementD* ptr_d;  // [M, n] row-major
     int n;            // output columns
+    // kScaled only: x_scale[M], and w_scale[packed column * w_scale_stride] (launch.h).
+    float const* x_scale = nullptr;
+    float const* w_scale = nullptr;
+    int w_scale_stride = 0;
   };
 
   using TmaStoreD = decltype(cute::make_tma_copy(
@@ -316,6 +323,9 @@ class SwiGluEpilogue {
     TmaStoreD tma_store_d;  // TmaStore only
     ElementD* ptr_d;        // DirectStore only
     int n;
+    float const* x_scale;
+    float const* w_scale;
+    int w_scale_stride;
   };
 
   template <class ProblemShape>
@@ -323,13 +333,14 @@ class SwiGluEpilogue {
                                         Arguments const& args, void* /*workspace*/) {
     using namespace cute;
     if constexpr (kDirect) {
-      return {TmaStoreD{}, args.ptr_d, args.n};
+      return {TmaStoreD{}, args.ptr_d, args.n, args.x_scale, args.w_scale, args.w_scale_stride};
     } else {
       int m = get<0>(problem_shape);
       Tensor tensor_d = make_tensor(make_gmem_ptr(args.ptr_d),
                                     make_layout(make_shape(int32_t(m), int32_t(args.n)),
                                                 make_stride(int64_t(args.n), _1{})));
-      return {make_tma_copy(SM90_TMA_STORE{}, tensor_d, SmemLayoutD{}), args.ptr_d, args.n};
+      return {make_tma_copy(SM90_TMA_STORE{}, tensor_d, SmemLayoutD{}), args.ptr_d, args.n,
+              args.x_scale, args.w_scale, args.w_scale_stride};
     }
   }
 
@@ -405,6 +416,10 @@ class SwiGluEpilogue {
       static_assert(size<2>(AccLayout{}) == 2, "gate and up accumulators: MMA_N is 2");
     }
 
+    if constexpr (kScaled) {
+      TokenAndColumnScales(problem_shape_mnkl, tile_shape_mnk, tile_coord_mnkl, accumulators,
+                           tiled_mma, thread_idx);
+    }
     if constexpr (kDirect) {
       StoreDirect<kBlocks>(problem_shape_mnkl, tile_shape_mnk, tile_coord_mnkl, accumulators,
                            tiled_mma, thread_idx);
@@ -416,6 +431,42 @@ class SwiGluEpilogue {
   }
 
  private:
+  // kScaled: accumulator (m, p) of the tile times x_scale[row] * w_scale[column], at the
+  // global row its loads came from (an edge tile's rows start at EdgeTileOrigin with the
+  // direct store) and its packed column; rows past M and columns past the packed width (a
+  // tile's padding, never stored) get 0. The scales come through the read-only cache: a
+  // thread's columns repeat over its rows and a row's over its columns.
+  template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine,
+            class AccLayout, class TiledMma>
+  CUTLASS_DEVICE void TokenAndColumnScales(ProblemShapeMNKL problem_shape_mnkl,
+                                           TileShapeMNK tile_shape_mnk,
+                                           TileCoordMNKL tile_coord_mnkl,
+                                           cute::Tensor<AccEngine, AccLayout>& accumulators,
+                                           TiledMma tiled_mma, int thread_idx) const {
+    using namespace cute;
+    static_assert(!kHalfUnits, "scales on half tiles are not implemented");
+    int opaque_thread_idx;
+    asm volatile("mov.b32 %0, %1;" : "=r"(opaque_thread_idx) : "r"(thread_idx));
+    Tensor tAcc_coord = tiled_mma.get_slice(opaque_thread_idx)
+                            .partition_C(make_identity_tensor(take<0, 2>(tile_shape_mnk)));
+    auto [m_coord, n_coord, k_coord, l_coord] = tile_coord_mnkl;
+    const int m_total = static_cast<int>(get<0>(problem_shape_mnkl));
+    const int packed_total = static_cast<int>(get<1>(problem_shape_mnkl));
+    const int row_origin = kShiftedRows
+                               ? EdgeTileOrigin(static_cast<int>(m_coord), kTileM, m_total)
+                               : static_cast<int>(m_coord) * kTileM;
+    const int column_origin = static_cast<int>(n_coord) * kTilePacked;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accumulators); ++i) {
+      const int row = row_origin + get<0>(tAcc_coord(i));
+      const int column = column_origin + get<1>(tAcc_coord(i));
+      const float x_scale = row < m_total ? __ldg(params_.x_scale + row) : 0.0f;
+      const float w_scale =
+          column < packed_total ? __ldg(params_.w_scale + column * params_.w_scale_stride) : 0.0f;
+      accumulators(i) = accumulators(i) * x_scale * w_scale;
+    }
+  }
+
   // One output pair, for both store paths: the gate accumulators (0 | 1, row, block) of
   // atom (mma_m, mma_n) and their up partners (where `Pairs` puts them), combined in fp32
   // and rounded once into one 4-byte word, output columns n and n + 1 (n even).

@@ -5,6 +5,7 @@ Needs flax (``pip install 'jax_swiglu[flax]'``); ``import jax_swiglu`` does not.
 * :class:`FusedSwiGLUMLP` / :class:`SwiGLUMLP`: ``flax.nnx`` modules, fused and the plain
   XLA reference (also as :mod:`jax_swiglu.nn.nnx`); :mod:`jax_swiglu.nn.linen` has both
   for ``flax.linen``.
+* :class:`Fp8SwiGLUMLP`: the block with gate/up in fp8 (``Fp8SwiGLUMLP.quantize(mlp)``).
 * Param conversion, exact both ways: :func:`fuse_params` / :func:`unfuse_params`
   (gate_proj/up_proj/down_proj kernels, [in, out]), :func:`fuse_hf_weights` /
   :func:`fused_to_hf_weights` (Hugging Face tensors, [out, in]), and
@@ -30,13 +31,15 @@ from ._common import (
     unfuse_mlp_blocks,
     unfuse_params,
 )
-from .nnx import FusedSwiGLUMLP, SwiGLUMLP
+from .nnx import Fp8SwiGLUMLP, FusedSwiGLUMLP, QuantizedParam, SwiGLUMLP
 from .swap import swap_mlp_blocks
 
 __all__ = [
     "EMBED",
     "MLP",
+    "Fp8SwiGLUMLP",
     "FusedSwiGLUMLP",
+    "QuantizedParam",
     "SwiGLUMLP",
     "fuse_hf_weights",
     "fuse_mlp_blocks",

@@ -226,3 +226,80 @@ class FusedSwiGLUMLP(nnx.Module):
             x, self.gate_up_proj.kernel[...], self.down_proj.kernel[...],
             self.intermediate_size, dtype=self.dtype, kernel=self.kernel,
             activation=self.activation)
+
+
+class QuantizedParam(nnx.Variable):
+    """A quantized weight (fp8 data or its fp32 scales): state, but not an ``nnx.Param``, so
+    optimizers and ``nnx.Param`` filters leave it alone (it has no gradient)."""
+
+
+class Fp8SwiGLUMLP(nnx.Module):
+    """The gated MLP block with gate and up in fp8 (:func:`jax_swiglu.quantize_weights`),
+    through :func:`jax_swiglu.fused_mlp`: on an SM90 GPU the fused fp8 kernel (x quantized per
+    row first), elsewhere XLA's scaled fp8 dot. The down projection stays in ``dtype``.
+
+    Build it from a bf16 block with :meth:`quantize`. State:
+
+    * ``gate_up_data``   [2*N_pad, K] fp8 (:class:`QuantizedParam`): the packed order,
+      K-major;
+    * ``gate_up_scales`` [2*N_pad] or [] fp32 (:class:`QuantizedParam`);
+    * ``down_proj.kernel`` [N, K] in ``dtype``, ``('mlp', 'embed')``.
+
+    Outputs match :func:`jax_swiglu.swiglu_reference_quantized` (the fp8 spec) followed by the
+    down dot, not the bf16 block: fp8 weights and tokens carry a few percent of error each.
+    """
+
+    def __init__(self, weights, down: jax.Array, *, dtype=jnp.bfloat16, kernel: str = "auto",
+                 activation: str = "silu"):
+        from .. import _quantize
+        weights = _quantize.as_quantized(weights, "weights")
+        _common.check_kernel_dtype(dtype)
+        selection.check_kernel_name(kernel)
+        _common.check_activation(activation)
+        down = jnp.asarray(down)
+        if down.shape != (weights.n, weights.k):
+            raise ValueError(f"down must have shape {(weights.n, weights.k)}, got "
+                             f"{tuple(down.shape)}")
+        self.gate_up_data = QuantizedParam(weights.data)
+        self.gate_up_scales = QuantizedParam(weights.scales)
+        self.down_proj = Projection(down.astype(dtype), _common.DOWN_AXES)
+        self.hidden_size = weights.k
+        self.intermediate_size = weights.n
+        self.scale_mode = weights.scale_mode
+        self.dtype = jnp.dtype(dtype)
+        self.kernel = kernel
+        self.activation = activation
+
+    @classmethod
+    def quantize(cls, mlp: SwiGLUMLP | FusedSwiGLUMLP, *, dtype=jnp.float8_e4m3fn,
+                 scale: str = "per_channel", kernel: str = "auto") -> Fp8SwiGLUMLP:
+        """``mlp``'s block with gate and up quantized once (``dtype`` and ``scale`` as in
+        :func:`jax_swiglu.quantize_weights`); keeps its computation dtype and activation."""
+        from .. import _quantize
+        if isinstance(mlp, FusedSwiGLUMLP):
+            mlp = mlp.to_unfused()
+        if not isinstance(mlp, SwiGLUMLP):
+            raise TypeError(f"mlp must be a SwiGLUMLP or FusedSwiGLUMLP, got "
+                            f"{type(mlp).__name__}")
+        weights = _quantize.quantize_weights(mlp.gate_proj.kernel[...], mlp.up_proj.kernel[...],
+                                             dtype=dtype, scale=scale)
+        return cls(weights, mlp.down_proj.kernel[...], dtype=mlp.dtype, kernel=kernel,
+                   activation=mlp.activation)
+
+    def quantized_weights(self):
+        """The stored gate/up weights as :class:`jax_swiglu.QuantizedWeights`."""
+        from .. import _quantize
+        return _quantize.QuantizedWeights(self.gate_up_data[...], self.gate_up_scales[...],
+                                          self.intermediate_size, self.scale_mode)
+
+    def explain(self, x, *, platform: str | None = None) -> str:
+        """Which kernel a call on ``x`` would run, as :func:`jax_swiglu.explain`."""
+        x = jax.ShapeDtypeStruct(x.shape, self.dtype)
+        return _api.explain(x, self.quantized_weights(), kernel=self.kernel,
+                            activation=self.activation, platform=platform)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``[..., K] -> [..., K]`` in ``dtype``."""
+        return _api.fused_mlp(jnp.asarray(x).astype(self.dtype), self.quantized_weights(),
+                              self.down_proj.kernel[...], kernel=self.kernel,
+                              activation=self.activation)

@@ -1,0 +1,207 @@
+"""Benchmark the fused fp8 (e4m3) SwiGLU against XLA's fp8 path and our bf16 kernel (GPU).
+
+    python -m benchmarks.bench_fp8                            # the fp8 suite below
+    python -m benchmarks.bench_fp8 --models llama-3-8b --m 1 2048
+
+Every row times, side by side in one run, on the same weights (quantized per channel from
+the same bf16 weights):
+  fp8        jax_swiglu.swiglu(x, quantized): bf16 x quantized per row by an XLA pre-pass,
+             then the fused fp8 kernel the fp8 rule picks (what a model calls)
+  fp8_xq     the same kernel on x already in fp8 (x_scale given): the kernel alone
+  xla_fp8    XLA's own fp8 path on the same quantized weights: the same pre-pass, XLA's
+             scaled fp8 dot (cuBLASLt's fp8 GEMM), scales, act(g) * u
+             (jax_swiglu._reference.swiglu_xla_quantized; jax_swiglu's own XLA path for fp8
+             weights is the exact fp32 reference instead, far slower)
+  bf16       jax_swiglu.swiglu on the bf16 packed weights, the selection's launch
+GPU time by CUPTI (the sum of a call's kernels, the pre-pass included), medians over
+interleaved rounds on a rotation of weight sets larger than the L2 (benchmarks/bench_swiglu.py
+does the same for bf16). Per row also the fp8 weight stream (K * 2N bytes over the time) and
+the mismatches of fp8 and xla_fp8 against the spec (fp32 math on the dequantized inputs;
+0 expected by the 1 % + 1e-3 criterion).
+
+Writes benchmarks/results/<gpu>/<date>-fp8[-tag].json after every row, and .md at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_swiglu
+from jax_swiglu import _reference, _shapes
+
+from . import environment as environment_lib
+from .bench_swiglu import ROTATION_BYTES, MAX_SETS, ROUNDS, measure_side_by_side, output_stem
+
+MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b",
+          "qwen2.5-32b", "qwen2.5-72b", "llama-3-8b", "llama-2-70b")
+MS = (1, 16, 64, 300, 2048, 8192)
+# The issue's row classes: small models (where the unfused round trip weighs most), the
+# 7B-72B shapes, and weights of at least 100 MB in bf16.
+SMALL = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
+LARGE_BF16_BYTES = 100e6
+
+
+def variants():
+    def fp8(x, w):
+        return jax_swiglu.swiglu(x[0], w[0])
+
+    def fp8_xq(x, w):
+        return jax_swiglu.swiglu(x[1], w[0], x_scale=x[2])
+
+    def xla_fp8(x, w):
+        return _reference.swiglu_xla_quantized(x[0], w[0])
+
+    def bf16(x, w):
+        return jax_swiglu.swiglu(x[0], w[1])
+
+    return {"fp8": fp8, "fp8_xq": fp8_xq, "xla_fp8": xla_fp8, "bf16": bf16}
+
+
+def _sets(key, m, k, n):
+    bytes_per_set = k * 2 * n * 3 + 2 * m * (k + n)  # fp8 and bf16 weights, x, out
+    count = max(1, min(MAX_SETS, math.ceil(ROTATION_BYTES / bytes_per_set)))
+    xs, ws = [], []
+    for i in range(count):
+        kx, kg, ku = jax.random.split(jax.random.fold_in(key, i), 3)
+        x = jax.random.normal(kx, (m, k), jnp.float32).astype(jnp.bfloat16)
+        w_gate = (jax.random.normal(kg, (k, n), jnp.float32) / math.sqrt(k)).astype(jnp.bfloat16)
+        w_up = (jax.random.normal(ku, (k, n), jnp.float32) / math.sqrt(k)).astype(jnp.bfloat16)
+        x_q, x_scale = jax_swiglu.quantize_tokens(x)
+        xs.append((x, x_q, x_scale))
+        ws.append((jax_swiglu.quantize_weights(w_gate, w_up),
+                   jax_swiglu.pack_weights(w_gate, w_up)))
+    return xs, ws
+
+
+def _mismatches(y, r) -> int:
+    y, r = np.asarray(y, np.float32), np.asarray(r, np.float32)
+    return int(np.sum(~(np.abs(y - r) <= 0.01 * np.abs(r) + 1e-3)))
+
+
+def bench_one(model, m, iterations, key, rounds=ROUNDS):
+    k, n = _shapes.mlp_shape(model)
+    xs, ws = _sets(key, m, k, n)
+    count = len(xs)
+    named = variants()
+    fns = {name: jax.jit(lambda xs, ws, v=v: [v(x, w) for x, w in zip(xs, ws)])
+           for name, v in named.items()}
+    gpu_ms, _ = measure_side_by_side(fns, (xs, ws), iterations, rounds, wall=False)
+    row = {"model": model, "m": m, "k": k, "n": n, "rotation_sets": count,
+           "fp8_weight_bytes": k * 2 * n, "bf16_weight_bytes": 2 * k * 2 * n,
+           "gpu_us": {name: gpu_ms[name] * 1e3 / count for name in named}, "mismatches": {}}
+    spec = jax_swiglu.swiglu_reference_quantized(xs[0][0], ws[0][0])
+    for name in ("fp8", "fp8_xq", "xla_fp8"):
+        row["mismatches"][name] = _mismatches(jax.jit(named[name])(xs[0], ws[0]), spec)
+    x0 = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+    row["fp8_choice"] = jax_swiglu.explain(x0, ws[0][0])
+    row["bf16_choice"] = jax_swiglu.explain(x0, ws[0][1])
+    return row
+
+
+def _geomean(values):
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def targets(rows) -> list[tuple[str, str, bool]]:
+    """(target, measured, met) of the issue's targets over the rows."""
+    def speedup(r, base):
+        return r["gpu_us"][base] / r["gpu_us"]["fp8"]
+    out = []
+    big = [r for r in rows if r["m"] >= 2048 and r["model"] not in SMALL]
+    if big:
+        worst = min(speedup(r, "bf16") for r in big)
+        out.append(("fp8 >= 1.6x bf16 auto at M >= 2048 on the 7B-72B shapes",
+                    f"min {worst:.2f}x over {len(big)} rows", worst >= 1.6))
+    decode = [r for r in rows if r["m"] <= 16 and r["bf16_weight_bytes"] >= LARGE_BF16_BYTES]
+    if decode:
+        worst = min(speedup(r, "bf16") for r in decode)
+        out.append(("fp8 >= 1.8x bf16 auto at M <= 16 on >= 100 MB of bf16 weights",
+                    f"min {worst:.2f}x over {len(decode)} rows", worst >= 1.8))
+    if rows:
+        worst = min(speedup(r, "xla_fp8") for r in rows)
+        out.append(("fp8 >= 1.00x XLA's fp8 path on every row",
+                    f"min {worst:.2f}x over {len(rows)} rows", worst >= 1.0))
+    small = [r for r in rows if r["model"] in SMALL]
+    if small:
+        g = _geomean(speedup(r, "xla_fp8") for r in small)
+        out.append(("geomean >= 1.2x XLA's fp8 path over the 0.5B-3B rows",
+                    f"{g:.2f}x over {len(small)} rows", g >= 1.2))
+    if rows:
+        bad = sum(r["mismatches"]["fp8"] + r["mismatches"]["fp8_xq"] for r in rows)
+        out.append(("0 mismatches (1 % + 1e-3 against the spec)", f"{bad}", bad == 0))
+    return out
+
+
+def markdown(result) -> str:
+    env = result["environment"]
+    lines = [f"# fp8 (e4m3) SwiGLU, {env['device']}, {env['date'][:10]}", "",
+             f"Tree {env.get('git')}, jax {env.get('jax')}, driver {env.get('driver')}; "
+             f"{result['iterations']} calls per "
+             f"variant over {result['rounds']} interleaved rounds; CUPTI GPU time per call (us).",
+             "", "| model | M | fp8 | fp8_xq | xla_fp8 | bf16 | bf16/fp8 | xla_fp8/fp8 | "
+             "fp8 TB/s | mismatches | fp8 launch |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in result["rows"]:
+        t = r["gpu_us"]
+        launch = r["fp8_choice"].split(": ", 1)[-1]
+        lines.append(
+            f"| {r['model']} | {r['m']} | {t['fp8']:.1f} | {t['fp8_xq']:.1f} | "
+            f"{t['xla_fp8']:.1f} | {t['bf16']:.1f} | {t['bf16'] / t['fp8']:.2f} | "
+            f"{t['xla_fp8'] / t['fp8']:.2f} | {r['fp8_weight_bytes'] / t['fp8'] / 1e6:.2f} | "
+            f"{r['mismatches']['fp8']}/{r['mismatches']['fp8_xq']}/{r['mismatches']['xla_fp8']} | "
+            f"{launch} |")
+    lines += ["", "Mismatches: fp8 / fp8_xq / xla_fp8 against the spec.", "",
+              "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {t} | {v} | {'yes' if ok else 'no'} |" for t, v, ok in targets(result["rows"])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--m", nargs="*", type=int, default=list(MS))
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--out-dir", default=None)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args(argv)
+    if jax.default_backend() != "gpu":
+        raise SystemExit("the benchmark needs a GPU")
+    env = environment_lib.environment()
+    out_dir = args.out_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                           env["device"].replace(" ", "_"))
+    os.makedirs(out_dir, exist_ok=True)
+    stem = output_stem(out_dir, env["date"][:10], "-fp8" + (f"-{args.tag}" if args.tag else ""))
+    result = {"suite": "fp8", "environment": env, "iterations": args.iterations,
+              "rounds": args.rounds, "complete": False, "rows": []}
+    rows = [(model, m) for m in sorted(args.m) for model in args.models]
+    key = jax.random.key(0)
+    for i, (model, m) in enumerate(rows):
+        row = bench_one(model, m, args.iterations, jax.random.fold_in(key, i), args.rounds)
+        result["rows"].append(row)
+        result["complete"] = i + 1 == len(rows)
+        with open(stem + ".json", "w") as f:
+            json.dump(result, f, indent=1)
+        t = row["gpu_us"]
+        print(f"[{i + 1}/{len(rows)}] {model} M={m}: fp8 {t['fp8']:.1f} us (xq {t['fp8_xq']:.1f}),"
+              f" xla_fp8 {t['xla_fp8']:.1f}, bf16 {t['bf16']:.1f}; bf16/fp8 "
+              f"{t['bf16'] / t['fp8']:.2f}, xla_fp8/fp8 {t['xla_fp8'] / t['fp8']:.2f}; "
+              f"mismatches {row['mismatches']}", flush=True)
+    text = markdown(result)
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
