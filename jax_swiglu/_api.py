@@ -13,7 +13,6 @@ from ._primitive import swiglu_p
 from .selection import _fp8
 
 
-
 def _check_x(x, packed: _layout.PackedWeights):
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"x must be an array, got {type(x).__name__}")

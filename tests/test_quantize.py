@@ -179,6 +179,11 @@ def test_fp8_calls_the_kernel_cannot_run_lower_to_xla():
         assert _fp8_calls(hlo) == [] and "stablehlo.dot_general" in hlo
         text = jax_swiglu.explain(jax.ShapeDtypeStruct((8, k), jnp.bfloat16), q, platform="cuda")
         assert "xla" in text and ("e5m2" in text or "multiple of 16" in text)
+        # Forcing the fused kernel there is an error that says why, when the call is lowered.
+        forced = functools.partial(swiglu, kernel="interleaved")
+        with pytest.raises(RuntimeError, match="e5m2|multiple of 16"):
+            jax.jit(forced).trace(jax.ShapeDtypeStruct((8, k), jnp.bfloat16), q).lower(
+                lowering_platforms=("cuda",))
 
 
 def _configs():

@@ -23,9 +23,10 @@ import math
 import os
 
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _layout, _native
-from . import _device, _engine
+from . import _engine
 
 # A last wave at least this full is left to the persistent scheduler (its idle SMs cost less
 # than stream-K's fixup), and so is any call of more than MANY_WAVES waves.
@@ -52,7 +53,6 @@ class Fp8Choice:
     promotion: int = PROMOTION
 
     def ffi_attributes(self) -> dict:
-        import numpy as np
         return {"config": np.int64(self.config.id), "swizzle": np.int64(1),
                 "raster": np.int64(0), "splits": np.int64(1),
                 "promotion": np.int64(self.promotion)}
@@ -135,7 +135,7 @@ def choose_fp8(m: int, n: int, k: int, out_dtype, *, kernel: str = "auto",
     if target is None or not configs:
         return unavailable(f"this build has no fp8 kernel for {activation} with {out_name} "
                            "output")
-    device = _engine.target_device() or _device.local_device()
+    device = _engine.target_device()
     sm_count = device.sm_count if device is not None else DEFAULT_SM_COUNT
     config_id, reason = rule(m, n, sm_count, configs)
     by = "fp8 rule" if requested == "auto" else f"{source}, then the fp8 rule"
