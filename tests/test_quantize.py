@@ -291,3 +291,16 @@ def test_bad_fp8_calls_are_refused(quantized):
         swiglu(x, quantized, kernel="pingpong")
     with pytest.raises(TypeError, match="w_down is float32"):
         jax_swiglu.fused_mlp(x, quantized, jnp.zeros((64, 64), jnp.float32))
+
+
+@requires_kernels
+@pytest.mark.parametrize("forced, match", [("9", "fp8 config"), ("0,promotion=5", "promotion"),
+                                           ("0,splits=2", "promotion")])
+def test_a_bad_forced_fp8_launch_is_refused_when_lowered(forced, match, monkeypatch):
+    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, forced)
+    jax.clear_caches()
+    q = quantize_weights(*random_weights(jax.random.key(9), 256, 1024, jnp.float32))
+    with pytest.raises(ValueError, match=match):
+        jax.jit(swiglu).trace(jax.ShapeDtypeStruct((8, 256), jnp.bfloat16), q).lower(
+            lowering_platforms=("cuda",))
+    jax.clear_caches()
