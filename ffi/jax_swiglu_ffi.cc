@@ -121,6 +121,28 @@ struct Fp8 {
   }
 };
 
+// The CUDA-core gemv kernel for a few tokens.
+struct Gemv {
+  static constexpr const char* kName = "gemv";
+  template <class ElementTag, Activation kActivation>
+  static std::string Launch(int64_t config, const SwigluProblem& problem,
+                            const DeviceFacts& device, cudaStream_t stream) {
+    return DispatchConfig<0, JAX_SWIGLU_NUM_GEMV_CONFIGS, kGemvConfigs>(
+        kName, config, [&](auto id) {
+      return LaunchGemv<decltype(id)::value, ElementTag, kActivation>(problem, device, stream);
+    });
+  }
+  template <class ElementTag, Activation kActivation>
+  static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
+                                    const DeviceFacts& device, size_t* bytes) {
+    return DispatchConfig<0, JAX_SWIGLU_NUM_GEMV_CONFIGS, kGemvConfigs>(
+        kName, config, [&](auto id) {
+      *bytes = GemvWorkspaceBytes<decltype(id)::value, ElementTag, kActivation>(problem, device);
+      return std::string();
+    });
+  }
+};
+
 // A call of `f(std::integral_constant<Activation, a>)` for the activation named `name`
 // (kernel_configs.h's names), or an error message.
 template <class F>
@@ -344,14 +366,25 @@ JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_DEFINE_FP8_HANDLERS)
   JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluPingpong##activation##Bf16, jax_swiglu::Pingpong,       \
                             activation, ffi::DataType::BF16);                              \
   JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluPingpong##activation##F16, jax_swiglu::Pingpong,        \
-                            activation, ffi::DataType::F16);
+                            activation, ffi::DataType::F16);                               \
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluGemv##activation##Bf16, jax_swiglu::Gemv, activation,   \
+                            ffi::DataType::BF16);                                          \
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluGemv##activation##F16, jax_swiglu::Gemv, activation,    \
+                            ffi::DataType::F16);
 JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_DEFINE_HANDLERS)
 #undef JAX_SWIGLU_DEFINE_HANDLERS
 
 namespace {
 
 const char* ScheduleName(jax_swiglu::Schedule s) {
-  return s == jax_swiglu::Schedule::Cooperative ? "cooperative" : "pingpong";
+  switch (s) {
+    case jax_swiglu::Schedule::Cooperative:
+      return "cooperative";
+    case jax_swiglu::Schedule::CudaCores:
+      return "cuda-cores";
+    default:
+      return "pingpong";
+  }
 }
 
 const char* SchedulerName(jax_swiglu::TileScheduler s) {
@@ -360,6 +393,8 @@ const char* SchedulerName(jax_swiglu::TileScheduler s) {
       return "stream-k";
     case jax_swiglu::TileScheduler::SplitTail:
       return "split-tail";
+    case jax_swiglu::TileScheduler::ClusterSplitK:
+      return "cluster-split-k";
     default:
       return "persistent";
   }
@@ -382,7 +417,11 @@ struct Target {
       {"jax_swiglu_pingpong_" name "_bf16", "pingpong", name, "bfloat16",                  \
        JaxSwigluPingpong##activation##Bf16},                                               \
       {"jax_swiglu_pingpong_" name "_f16", "pingpong", name, "float16",                    \
-       JaxSwigluPingpong##activation##F16},
+       JaxSwigluPingpong##activation##F16},                                                  \
+      {"jax_swiglu_gemv_" name "_bf16", "gemv", name, "bfloat16",                          \
+       JaxSwigluGemv##activation##Bf16},                                                     \
+      {"jax_swiglu_gemv_" name "_f16", "gemv", name, "float16",                            \
+       JaxSwigluGemv##activation##F16},
 const Target kTargets[] = {JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_TARGETS)};
 #undef JAX_SWIGLU_TARGETS
 // The fp8 kernel's targets, by output dtype (its operands are e4m3).
@@ -499,6 +538,7 @@ NB_MODULE(_kernels, m) {
     nb::list l;
     AppendConfigs(jax_swiglu::Interleaved::kName, jax_swiglu::kInterleavedConfigs, l);
     AppendConfigs(jax_swiglu::Pingpong::kName, jax_swiglu::kPingpongConfigs, l);
+    AppendConfigs(jax_swiglu::Gemv::kName, jax_swiglu::kGemvConfigs, l);
     return l;
   });
   // The fp8 kernel's configurations (a table of their own: they run other operands).
@@ -532,6 +572,9 @@ NB_MODULE(_kernels, m) {
                           : kernel == jax_swiglu::Fp8::kName
                               ? WorkspaceBytes<jax_swiglu::Fp8>(activation, dtype, config,
                                                                 problem, device, &bytes)
+                          : kernel == jax_swiglu::Gemv::kName
+                              ? WorkspaceBytes<jax_swiglu::Gemv>(activation, dtype, config,
+                                                                 problem, device, &bytes)
                               : "unknown kernel " + kernel;
         if (!err.empty()) throw std::invalid_argument("jax_swiglu: " + err);
         return bytes;
@@ -581,6 +624,9 @@ NB_MODULE(_kernels, m) {
                  : kernel == jax_swiglu::Pingpong::kName
                      ? LaunchByName<jax_swiglu::Pingpong>(activation, dtype, config, problem,
                                                           device, stream)
+                 : kernel == jax_swiglu::Gemv::kName
+                     ? LaunchByName<jax_swiglu::Gemv>(activation, dtype, config, problem,
+                                                      device, stream)
                      : "unknown kernel " + kernel;
         };
         std::vector<double> microseconds;

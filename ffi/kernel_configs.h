@@ -14,7 +14,8 @@
 
 // Columns:
 //   schedule   Cooperative (two math warpgroups share a tile) or Pingpong (each warpgroup its
-//              own tile, one's epilogue overlapping the other's mainloop).
+//              own tile, one's epilogue overlapping the other's mainloop); CudaCores for
+//              the gemv kernel (no tensor cores).
 //   m_side     which operand sits on the wgmma M side. Tokens: x rows are the tile's M, the
 //              packed weights its N (the prefill form). Weights ("swap-AB"): the packed
 //              columns are the wgmma M side and the tokens its N, so a tile of 8..64 tokens
@@ -26,7 +27,9 @@
 //   scheduler  Persistent (whole tiles, one CTA per SM); StreamK (CTAs also split tiles along
 //              K and add their partial sums, in a fixed order, in a workspace, so a ragged last
 //              wave is spread over every SM; the `splits` launch attribute asks for a plain
-//              split-K instead); SplitTail (persistent, but a last round of tiles at most half
+//              split-K instead); ClusterSplitK (the gemv kernel: K split over a cluster
+//              of `splits` CTAs that add their sums in distributed shared memory, no
+//              workspace); SplitTail (persistent, but a last round of tiles at most half
 //              full runs as 64-row halves on the idle CTAs: kernels/split_tail.cuh).
 //   store      TmaStore (output tile through shared memory and one TMA store) or DirectStore
 //              (16-byte stores from registers; the swap-AB configs after their shared-memory
@@ -89,6 +92,20 @@
 
 #define JAX_SWIGLU_NUM_FP8_CONFIGS 4
 
+// The CUDA-core GEMV for a few tokens (kernels/gemv_kernel.cuh): no tensor cores, so no
+// padding of the tokens to a wgmma shape and no TMA or workspace around the weight stream.
+// tile_m is the most tokens a row runs (its fp32 sums live in registers, tile_m x 8 per
+// thread), tile_n the packed columns per CTA, tile_k the K rows per warp step. K is split
+// over a cluster of `splits` CTAs (the launch attribute: 1, 2, 4 or 8) whose sums meet in
+// distributed shared memory in rank order.
+#define JAX_SWIGLU_GEMV_CONFIGS(X)                                                   \
+  X(0, CudaCores, Weights, 1, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)   \
+  X(1, CudaCores, Weights, 2, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)   \
+  X(2, CudaCores, Weights, 4, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)   \
+  X(3, CudaCores, Weights, 8, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)
+
+#define JAX_SWIGLU_NUM_GEMV_CONFIGS 4
+
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
 // the FFI target names carry the name, and Python's reference (jax_swiglu/_reference.py)
@@ -115,9 +132,9 @@ inline constexpr int kGateUpBlock = 32;
 enum class Activation { JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_ACTIVATION_ENUMERATOR) };
 #undef JAX_SWIGLU_ACTIVATION_ENUMERATOR
 
-enum class Schedule { Cooperative, Pingpong };
+enum class Schedule { Cooperative, Pingpong, CudaCores };
 enum class MmaMSide { Tokens, Weights };
-enum class TileScheduler { Persistent, StreamK, SplitTail };
+enum class TileScheduler { Persistent, StreamK, SplitTail, ClusterSplitK };
 enum class OutputStore { TmaStore, DirectStore };
 enum class Build { Always, Optional };
 
@@ -147,6 +164,7 @@ inline constexpr KernelConfig kInterleavedConfigs[] = {
 inline constexpr KernelConfig kPingpongConfigs[] = {
     JAX_SWIGLU_PINGPONG_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
 inline constexpr KernelConfig kFp8Configs[] = {JAX_SWIGLU_FP8_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
+inline constexpr KernelConfig kGemvConfigs[] = {JAX_SWIGLU_GEMV_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
 #undef JAX_SWIGLU_CONFIG_ROW
 
 static_assert(sizeof(kInterleavedConfigs) / sizeof(KernelConfig) ==
@@ -156,6 +174,8 @@ static_assert(sizeof(kPingpongConfigs) / sizeof(KernelConfig) == JAX_SWIGLU_NUM_
               "JAX_SWIGLU_NUM_PINGPONG_CONFIGS must match the table");
 static_assert(sizeof(kFp8Configs) / sizeof(KernelConfig) == JAX_SWIGLU_NUM_FP8_CONFIGS,
               "JAX_SWIGLU_NUM_FP8_CONFIGS must match the table");
+static_assert(sizeof(kGemvConfigs) / sizeof(KernelConfig) == JAX_SWIGLU_NUM_GEMV_CONFIGS,
+              "JAX_SWIGLU_NUM_GEMV_CONFIGS must match the table");
 
 template <size_t N>
 constexpr bool ConfigIdsAreRowIndices(const KernelConfig (&table)[N]) {
@@ -165,7 +185,8 @@ constexpr bool ConfigIdsAreRowIndices(const KernelConfig (&table)[N]) {
   return true;
 }
 static_assert(ConfigIdsAreRowIndices(kInterleavedConfigs) &&
-                  ConfigIdsAreRowIndices(kPingpongConfigs) && ConfigIdsAreRowIndices(kFp8Configs),
+                  ConfigIdsAreRowIndices(kPingpongConfigs) && ConfigIdsAreRowIndices(kFp8Configs) &&
+                  ConfigIdsAreRowIndices(kGemvConfigs),
               "config ids must be 0, 1, 2, ... in table order");
 
 // The swap-AB rows: cooperative (CUTLASS's stream-K runs only there), one tile of packed
@@ -200,5 +221,36 @@ constexpr bool Fp8RowsAreValid(const KernelConfig (&table)[N]) {
   return true;
 }
 static_assert(Fp8RowsAreValid(kFp8Configs), "an fp8 row the kernel cannot build");
+
+// The gemv rows: CUDA cores, a warp's row of 16-byte loads per CTA, 8-row steps, and at
+// most 8 tokens (their sums take 8 registers each per thread); the tensor-core kernels run
+// nothing of this form.
+template <size_t N>
+constexpr bool GemvRowsAreValid(const KernelConfig (&table)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    const KernelConfig& c = table[i];
+    if (c.schedule != Schedule::CudaCores || c.m_side != MmaMSide::Weights || c.tile_m < 1 ||
+        c.tile_m > 8 || c.tile_n != 256 || c.tile_k != 8 || c.cluster_m != 1 ||
+        c.cluster_n != 1 || c.scheduler != TileScheduler::ClusterSplitK ||
+        c.store != OutputStore::DirectStore || c.m_bands != 1) {
+      return false;
+    }
+  }
+  return true;
+}
+template <size_t N>
+constexpr bool UsesNoGemvColumns(const KernelConfig (&table)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    if (table[i].schedule == Schedule::CudaCores ||
+        table[i].scheduler == TileScheduler::ClusterSplitK) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(GemvRowsAreValid(kGemvConfigs), "a gemv row the kernel cannot build");
+static_assert(UsesNoGemvColumns(kInterleavedConfigs) && UsesNoGemvColumns(kPingpongConfigs) &&
+                  UsesNoGemvColumns(kFp8Configs),
+              "CudaCores and ClusterSplitK are the gemv kernel's alone");
 
 }  // namespace jax_swiglu

@@ -70,18 +70,24 @@ std::string LaunchInterleaved(const SwigluProblem& problem, const DeviceFacts& d
 template <int ConfigId, class Element, Activation kActivation>
 std::string LaunchPingpong(const SwigluProblem& problem, const DeviceFacts& device,
                            cudaStream_t stream);
-// Bytes of workspace a launch of that configuration on `problem` (its shapes and tile
-// order; pointers unused) needs on a GPU with `device.sm_count` SMs; 0 for most.
 // The fp8 interleaved kernel; `Element` is the output's (BF16 or F16).
 template <int ConfigId, class Element, Activation kActivation>
 std::string LaunchFp8(const SwigluProblem& problem, const DeviceFacts& device,
                       cudaStream_t stream);
+// The CUDA-core gemv kernel (at most its config's tile_m tokens; `splits` is its cluster).
+template <int ConfigId, class Element, Activation kActivation>
+std::string LaunchGemv(const SwigluProblem& problem, const DeviceFacts& device,
+                       cudaStream_t stream);
+// Bytes of workspace a launch of that configuration on `problem` (its shapes and tile
+// order; pointers unused) needs on a GPU with `device.sm_count` SMs; 0 for most.
 template <int ConfigId, class Element, Activation kActivation>
 size_t InterleavedWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
 template <int ConfigId, class Element, Activation kActivation>
 size_t PingpongWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
 template <int ConfigId, class Element, Activation kActivation>
 size_t Fp8WorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
+template <int ConfigId, class Element, Activation kActivation>
+size_t GemvWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
 // Fills `facts` for the current device; returns an error message or "".
 std::string CurrentDeviceFacts(DeviceFacts* facts);
 

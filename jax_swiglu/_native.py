@@ -39,8 +39,9 @@ class KernelConfig:
     tile_k: int
     cluster_m: int
     cluster_n: int
-    # "persistent", "stream-k" (tiles also split along K: a workspace) or "split-tail" (the
-    # last round's tiles split into 64-row halves on otherwise idle CTAs)
+    # "persistent", "stream-k" (tiles also split along K: a workspace), "split-tail" (the
+    # last round's tiles split into 64-row halves on otherwise idle CTAs) or
+    # "cluster-split-k" (the gemv kernel: K split over a cluster of CTAs, no workspace)
     scheduler: str = "persistent"
     store: str = "tma"  # or "direct": output from registers to global memory, no smem tile
     # persistent scheduler: tiles visited in this many bands of M (M a multiple of
@@ -51,6 +52,9 @@ class KernelConfig:
     optional: bool = False  # compiled only with JAX_SWIGLU_ALL_CONFIGS
 
     def describe(self) -> str:
+        if self.schedule == "cuda-cores":
+            return (f"CUDA cores, up to {self.tile_m} tokens, {self.tile_n} packed columns "
+                    f"per CTA, K split over a cluster")
         return (f"{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
                 f"cluster {self.cluster_m}x{self.cluster_n}"
                 + (", swap-AB" if self.m_side == "weights" else "")
@@ -73,9 +77,34 @@ class KernelConfig:
         return self.m_bands * self.tile_m * self.cluster_m if self.m_bands > 1 else 1
 
     @property
+    def max_m(self) -> int | None:
+        """The most tokens the config runs (None: any M). The gemv kernel keeps every
+        token's sums in registers, so its rows are built for at most tile_m tokens."""
+        return self.tile_m if self.schedule == "cuda-cores" else None
+
+    def runs(self, m: int) -> bool:
+        """Whether the config can run M tokens."""
+        return m % self.m_multiple == 0 and (self.max_m is None or m <= self.max_m)
+
+    @property
     def splits_k(self) -> bool:
         """Whether the config takes a split-K factor (the ``splits`` launch attribute)."""
-        return self.scheduler == "stream-k"
+        return self.scheduler in ("stream-k", "cluster-split-k")
+
+    def split_choices(self, k: int, stream_k_splits=(1, 2, 4)) -> tuple[int, ...]:
+        """The split-K factors worth measuring for K: ``stream_k_splits`` for a stream-K
+        config (at most one split per k tile); the cluster sizes of the gemv kernel (1, 2, 4
+        or 8 CTAs, at least one 8-row step each)."""
+        if self.scheduler == "cluster-split-k":
+            return tuple(s for s in GEMV_SPLITS if s <= k // self.tile_k)
+        if self.scheduler == "stream-k":
+            k_tiles = -(-k // self.tile_k)
+            return tuple(s for s in stream_k_splits if s == 1 or s <= k_tiles)
+        return (1,)
+
+
+# Cluster sizes the gemv kernel splits K over (ffi/kernels/gemv_kernel.cuh).
+GEMV_SPLITS = (1, 2, 4, 8)
 
 
 def config_key(kernel, schedule, m_side, tile_m, tile_n, tile_k, cluster_m, cluster_n,

@@ -35,18 +35,15 @@ _DEFAULT_L2_BYTES = 60 * 2**20
 
 def candidate_launches(m: int, n: int, k: int, *, kernel: str | None = None,
                        splits=(1, 2, 4)) -> list[tuple[_native.KernelConfig, int]]:
-    """Every compiled launch that can run the problem: (config, split-K factor)."""
-    k_tiles = lambda config: -(-k // config.tile_k)  # noqa: E731
+    """Every compiled launch that can run the problem: (config, split-K factor); ``splits``
+    are the stream-K factors to try (the gemv kernel tries its cluster sizes)."""
     launches = []
     for name, table in sorted(_native.kernel_configs().items()):
         if kernel is not None and name != kernel:
             continue
         for config in table.values():
-            if m % config.m_multiple:
-                continue
-            for s in (splits if config.splits_k else (1,)):
-                if s == 1 or s <= k_tiles(config):
-                    launches.append((config, s))
+            if config.runs(m):
+                launches.extend((config, s) for s in config.split_choices(k, splits))
     return launches
 
 

@@ -46,6 +46,7 @@ SANITIZER_ENV = {
 SANITIZER_XLA_FLAGS = ("--xla_gpu_autotune_level=0", "--xla_gpu_enable_command_buffer=")
 
 EDGE_M = (1, 63, 65, 129)  # one row; around the 64-row (pingpong) and 128-row tiles
+GEMV_M = (1, 2, 3, 8)  # the gemv kernel's tokens: each config's most, and one below it
 SMALL, LARGE = "qwen2.5-0.5b", "qwen2.5-72b"  # (896, 4864) and (8192, 29568)
 
 
@@ -168,30 +169,42 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
     for model in models:
         k, n = jax_swiglu.QWEN25_MLPS[model]
         start = time.time()
-        x, packed, reference = _host_inputs(k, n, max(m_values), seed=len(data))
+        x, packed, reference = _host_inputs(k, n, max(*m_values, *GEMV_M), seed=len(data))
         data[model] = (k, n, x, jax.device_put(packed), reference)
         print(f"inputs {model} K={k} N={n}: {time.time() - start:.1f} s")
 
-    # A config that runs M in bands runs only multiples of its bands (none of the M here).
-    runs = lambda kernel, config, m: m % configs[kernel][config].m_multiple == 0
+    # A config that runs M in bands runs only multiples of its bands (none of the M here);
+    # a gemv config runs at most its few tokens, and its M here are its own (GEMV_M).
+    def ms(kernel, config):
+        c = configs[kernel][config]
+        values = GEMV_M if c.max_m is not None else m_values
+        return [m for m in values if c.runs(m)]
     for kernel in kernels:
         for config in sorted(configs[kernel]):
-            if not any(runs(kernel, config, m) for m in m_values):
+            if not ms(kernel, config):
                 print(f"NOTE config {config} runs M in bands of "
                       f"{configs[kernel][config].m_multiple} rows: no case here")
-    # Stream-K configs also run as split-K (their workspace and fixed-order reduction).
-    # SANITIZE_CONFIGS="18 19" limits the run to those interleaved configs.
+    # Stream-K configs also run as split-K (their workspace and fixed-order reduction), gemv
+    # configs at every cluster size. SANITIZE_CONFIGS="18 19" limits the run to those
+    # interleaved configs, SANITIZE_GEMV_CONFIGS="0 3" the gemv ones ("none" skips them).
     only = {int(c) for c in os.environ.get("SANITIZE_CONFIGS", "").split()}
+    gemv_only = os.environ.get("SANITIZE_GEMV_CONFIGS", "").split()
+
+    def wanted(kernel, config):
+        if kernel == "gemv":
+            return gemv_only != ["none"] and (not gemv_only or str(config) in gemv_only)
+        return not only or (kernel == "interleaved" and config in only)
+    min_k = min(jax_swiglu.QWEN25_MLPS[model][0] for model in models)
     launches = [(kernel, config, splits) for kernel in kernels for config in sorted(configs[kernel])
-                if not only or (kernel == "interleaved" and config in only)
-                for splits in ((1, 2, 4) if configs[kernel][config].splits_k else (1,))]
+                if wanted(kernel, config)
+                for splits in configs[kernel][config].split_choices(min_k)]
     # The fp8 kernel's configs (SANITIZE_FP8_CONFIGS="2 3" limits them, "none" skips them),
     # on the same x and weights quantized, checked against the fp8 spec.
     fp8_only = os.environ.get("SANITIZE_FP8_CONFIGS", "").split()
     fp8_configs = [] if fp8_only == ["none"] else [
         c for c in sorted(jax_swiglu._native.fp8_configs()) if not fp8_only or str(c) in fp8_only]
-    planned = (sum(runs(kernel, config, m) for kernel, config, _ in launches
-                   for m in m_values) + len(fp8_configs) * len(m_values)) * len(models)
+    planned = (sum(len(ms(kernel, config)) for kernel, config, _ in launches)
+               + len(fp8_configs) * len(m_values)) * len(models)
     print(f"PLAN tool={tool} cases={planned}")
     cases = wrong = 0
     env = selection.CONFIG_ENV_VAR
@@ -201,7 +214,7 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
         for model in models:
             k, n, x_all, packed, reference = data[model]
             fn = fused(kernel, n)
-            for m in (m for m in m_values if runs(kernel, config, m)):
+            for m in ms(kernel, config):
                 cases += 1
                 label = (f"tool={tool} kernel={kernel} config={config} splits={splits} "
                          f"{model} m={m} k={k} n={n}")

@@ -71,11 +71,12 @@ def test_every_kernel_can_be_forced(dtype, suffix):
         if kernel == "xla":
             continue
         fn = lambda x, p: swiglu(x, p, kernel=kernel)  # noqa: E731
+        m = 4 if kernel == "gemv" else 4096  # the gemv kernel runs a few tokens
         if kernel not in compiled:  # an optional family this build left out: a clear error
             with pytest.raises(RuntimeError, match="JAX_SWIGLU_ALL_CONFIGS=ON"):
-                cuda_hlo(fn, _x(4096, dtype=dtype), _packed(dtype=dtype))
+                cuda_hlo(fn, _x(m, dtype=dtype), _packed(dtype=dtype))
             continue
-        hlo = cuda_hlo(fn, _x(4096, dtype=dtype), _packed(dtype=dtype))
+        hlo = cuda_hlo(fn, _x(m, dtype=dtype), _packed(dtype=dtype))
         assert [t for t, _ in custom_calls(hlo)] == [f"jax_swiglu_{kernel}_silu_{suffix}"]
 
 
@@ -305,3 +306,33 @@ def test_every_activation_is_compiled_and_has_targets():
         for dtype in ("bfloat16", "float16"):
             assert targets[("interleaved", activation, dtype)] == (
                 f"jax_swiglu_interleaved_{activation}_{'bf16' if dtype == 'bfloat16' else 'f16'}")
+
+
+def test_gemv_kernel_lowering(monkeypatch):
+    """The gemv family: its rows in the table, its target in the HLO with the cluster split
+    as the `splits` attribute and no workspace result; M beyond a config's tokens, or a
+    split that is not a cluster size, is refused at trace time."""
+    configs = jax_swiglu.kernel_configs()["gemv"]
+    assert configs and all(c.schedule == "cuda-cores" and c.max_m == c.tile_m <= 8
+                           for c in configs.values())
+    most = max(configs.values(), key=lambda c: c.tile_m)
+    packed = _packed()
+    fn = lambda x, p: swiglu(x, p, kernel="gemv")  # noqa: E731
+    hlo = cuda_hlo(fn, _x(most.tile_m), packed)
+    assert [t for t, _ in custom_calls(hlo)] == ["jax_swiglu_gemv_silu_bf16"]
+    assert "tuple<" not in hlo.split("jax_swiglu_gemv_silu_bf16")[1].split("\n")[0]
+    with pytest.raises(ValueError, match="gemv"):
+        cuda_hlo(fn, _x(most.tile_m + 1), packed)
+    monkeypatch.setenv(selection.CONFIG_ENV_VAR, f"{most.id},splits=8")
+    jax.clear_caches()
+    assert re.search(r"splits = 8 : i64", cuda_hlo(fn, _x(3), packed))
+    for bad in (f"{most.id},splits=3", f"{most.id},splits=16"):
+        monkeypatch.setenv(selection.CONFIG_ENV_VAR, bad)
+        jax.clear_caches()
+        with pytest.raises(ValueError, match="cluster"):
+            cuda_hlo(fn, _x(3), packed)
+    smallest = min(configs.values(), key=lambda c: c.tile_m)
+    monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(smallest.id))
+    jax.clear_caches()
+    with pytest.raises(ValueError, match="at most"):
+        cuda_hlo(fn, _x(smallest.tile_m + 1), packed)

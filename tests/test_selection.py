@@ -313,3 +313,22 @@ def test_autotune_needs_a_gpu_and_says_so(capsys):
     with pytest.raises(SystemExit):
         tune.main(["--shapes", "not-a-model", "--m", "8"])
     assert "unknown model 'not-a-model'" in capsys.readouterr().err
+
+
+GEMV = config(3, kernel="gemv", schedule="cuda-cores", m_side="weights", tile_m=8, tile_n=256,
+              tile_k=8, scheduler="cluster-split-k")
+
+
+def test_gemv_model_and_candidates():
+    """The gemv kernel runs at most its tokens, splits K over clusters of 1-8 CTAs (each at
+    least one 8-row step), and the model fills the SMs with the split: on a 7B MLP (86 CTAs
+    unsplit on 132 SMs) a split beats none, and no prediction beats the DRAM stream."""
+    assert GEMV.runs(8) and not GEMV.runs(9) and GEMV.splits_k
+    assert GEMV.split_choices(4096) == (1, 2, 4, 8) and GEMV.split_choices(16) == (1, 2)
+    problem = _model.Problem(1, 11008, 4096)
+    times = {s: _model.launch_us(GEMV, s, problem, 132, 4.8e12) for s in (1, 2, 4, 8)}
+    assert min(times, key=times.get) > 1
+    assert min(times.values()) >= 1e6 * problem.dram_bytes / 4.8e12
+    # More tokens, more FMAs: at M = 8 the FMA issue can bound a small-K call.
+    assert (_model.launch_us(GEMV, 4, _model.Problem(8, 11008, 4096), 132, 4.8e12)
+            >= times[4])

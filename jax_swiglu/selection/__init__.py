@@ -21,7 +21,7 @@ from .. import _native
 from . import _device, _engine
 
 # Public names of the implementations. "xla" is the plain XLA reference path.
-KERNELS = ("interleaved", "pingpong", "xla")
+KERNELS = ("interleaved", "pingpong", "gemv", "xla")
 KERNEL_CHOICES = ("auto",) + KERNELS
 ENV_VAR = "JAX_SWIGLU_KERNEL"
 # Forces the launch of the fused kernel chosen, as "<config id>" (an id of kernel_configs()),
@@ -149,6 +149,9 @@ def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto", platform: str
                            "in this build (rebuild with -DJAX_SWIGLU_ALL_CONFIGS=ON)")
     decision = _engine.decide(m, n, k, dtype_name, kernel=family, version=__version__)
     forced = os.environ.get(CONFIG_ENV_VAR, "").strip()
+    if family is not None and decision.config is None and not forced:
+        # A forced family that cannot run this M (the gemv kernel's few tokens).
+        raise ValueError(f"{source} was requested, but {decision.reason}")
     if decision.config is None and not forced:
         return _xla(decision.reason, decision.source)
     kernel_name = family or (decision.config.kernel if decision.config is not None
@@ -163,6 +166,9 @@ def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto", platform: str
         launch.update(_parse_forced_launch(forced, configs))
         by, reason = f"{CONFIG_ENV_VAR}={forced}", f"forced; the selection said {reason}"
         config = configs[launch["config"]]
+        if config.max_m is not None and m > config.max_m:
+            raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: {config.kernel} config {config.id} "
+                             f"runs at most {config.max_m} tokens, got M={m}")
         if m % config.m_multiple:
             # Its tile order runs M in bands of whole clusters of tiles (ffi/kernels/m_bands.cuh).
             raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: config {config.id} runs M in "
@@ -174,7 +180,11 @@ def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto", platform: str
                              "its last round of tiles and takes no swizzle")
         if launch["splits"] > 1 and not config.splits_k:
             raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: config {config.id} has no "
-                             "split-K (only stream-K configs take splits)")
+                             "split-K (only stream-K and gemv configs take splits)")
+        if (config.scheduler == "cluster-split-k"
+                and launch["splits"] not in config.split_choices(k)):
+            raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: the gemv kernel splits K over a "
+                             f"cluster of {config.split_choices(k)} CTAs for K={k}")
     target = _native.targets().get((kernel_name, activation, dtype_name))
     if target is None:
         raise TypeError(f"the {kernel_name} kernel is not built for activation {activation!r} "

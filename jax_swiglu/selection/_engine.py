@@ -37,7 +37,7 @@ class Decision:
 
 
 def runnable(config: _native.KernelConfig, m: int) -> bool:
-    return m % config.m_multiple == 0
+    return config.runs(m)
 
 
 def target_device() -> Device | None:
@@ -147,7 +147,7 @@ def predict(data, device: Device, candidates, dtype: str, m: int, n: int,
     predicted = {}
     competitive = data.competitive(dtype, m, n, k) if data is not None else None
     for config in candidates:
-        for splits in _splits_measured(data, config):
+        for splits in _splits_measured(data, config, k):
             launch = _data.launch_id(config.key, splits)
             if competitive is not None and launch not in competitive:
                 continue
@@ -157,8 +157,8 @@ def predict(data, device: Device, candidates, dtype: str, m: int, n: int,
                     config, splits, problem, device.sm_count, device.dram_bytes_per_s)
     if predicted:
         return predicted, True
-    return {(c.key, 1): _model.launch_us(c, 1, problem, device.sm_count, device.dram_bytes_per_s)
-            for c in candidates}, False
+    return {(c.key, s): _model.launch_us(c, s, problem, device.sm_count, device.dram_bytes_per_s)
+            for c in candidates for s in _model_splits(c, k)}, False
 
 
 def _xla_predicted_faster(data, device: Device, dtype: str, m: int, n: int, k: int,
@@ -170,12 +170,19 @@ def _xla_predicted_faster(data, device: Device, dtype: str, m: int, n: int, k: i
     return _model.xla_us(problem, device.sm_count, device.dram_bytes_per_s) < best_us
 
 
-def _splits_measured(data, config) -> tuple[int, ...]:
+def _model_splits(config, k: int) -> tuple[int, ...]:
+    """The splits the model alone predicts: stream-K configs with their own decomposition,
+    the gemv kernel at each of its cluster sizes (its only way to fill the SMs)."""
+    return config.split_choices(k) if config.scheduler == "cluster-split-k" else _DEFAULT_SPLITS
+
+
+def _splits_measured(data, config, k: int) -> tuple[int, ...]:
     if data is None or not config.splits_k:
-        return _DEFAULT_SPLITS
+        return _model_splits(config, k)
     measured = sorted({_data.parse_launch_id(launch)[1] for launch in data._by_launch
                        if _data.parse_launch_id(launch)[0] == config.key})
-    return tuple(measured) or _DEFAULT_SPLITS
+    valid = [s for s in measured if s in config.split_choices(k, measured)]
+    return tuple(valid) or _model_splits(config, k)
 
 
 def _any_sm90_data():

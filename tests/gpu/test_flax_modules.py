@@ -20,7 +20,8 @@ def _rel_frobenius(y, r):
     return np.linalg.norm(y - r) / np.linalg.norm(r)
 
 
-@pytest.mark.parametrize("kernel", [k for k in jax_swiglu.KERNELS if k in jax_swiglu.kernel_configs()])
+@pytest.mark.parametrize("kernel", [k for k in jax_swiglu.KERNELS
+                                    if k in jax_swiglu.kernel_configs() and k != "gemv"])
 @pytest.mark.parametrize("lead", [(8, 1), (1, 2048)])
 def test_gpu_fused_module_matches_reference(key, kernel, lead):
     k, n = jax_swiglu.QWEN25_MLPS["qwen2.5-0.5b"]
