@@ -54,7 +54,7 @@ class KernelConfig:
     def describe(self) -> str:
         if self.schedule == "cuda-cores":
             return (f"CUDA cores, up to {self.tile_m} tokens, {self.tile_n} packed columns "
-                    f"per CTA, K split over a cluster")
+                    f"per CTA, K split over a cluster, direct store")
         return (f"{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
                 f"cluster {self.cluster_m}x{self.cluster_n}"
                 + (", swap-AB" if self.m_side == "weights" else "")
