@@ -28,11 +28,9 @@ MEMSET_US = 1.0
 # Stream-K's fixed-order reduction: a partial tile written and read back once per split.
 FIXUP_BYTES_PER_ELEMENT = 8
 # The gemv kernel (CUDA cores, ffi/kernels/gemv_kernel.cuh): an SM's fp32 FMA lanes at its
-# boost clock, the instructions each FMA brings along (unpacking bf16, loads, addressing),
-# and the packed columns of one CTA.
+# boost clock, and the instructions each FMA brings along (unpacking bf16, loads, addressing).
 GEMV_FMA_PER_SM_PER_S = 128 * 1.98e9
 GEMV_ISSUE_PER_FMA = 1.4
-GEMV_COLUMNS = 256
 # Of the operand bytes that tiles load more than once (the weights once per row of token
 # tiles, x once per column of weight tiles), the share that comes from DRAM again rather
 # than from the L2: tiles sharing an operand run at nearby times, but not all at once.
@@ -115,11 +113,11 @@ def gemv_us(config, splits: int, problem: Problem, sm_count: int,
     larger of the DRAM stream, the FMA issue, and the bytes of the SM with the most CTAs
     (every CTA streams the same share; an SM with one more than the others streams more
     than its even share of the bytes, at most SM_BANDWIDTH_FACTOR times faster)."""
-    ctas = _ceil(problem.packed, GEMV_COLUMNS) * splits
+    ctas = _ceil(problem.packed, config.tile_n) * splits
     fma_s = (GEMV_ISSUE_PER_FMA * problem.m * problem.k * problem.packed
              / (GEMV_FMA_PER_SM_PER_S * sm_count))
     dram_s = problem.dram_bytes / dram_bytes_per_s
-    cta_bytes = problem.element_bytes * GEMV_COLUMNS * _ceil(problem.k, splits)
+    cta_bytes = problem.element_bytes * config.tile_n * _ceil(problem.k, splits)
     busiest_s = (_ceil(ctas, sm_count) * cta_bytes
                  / (SM_BANDWIDTH_FACTOR * dram_bytes_per_s / sm_count))
     return LAUNCH_US + 1e6 * max(fma_s, dram_s, busiest_s)
