@@ -2,6 +2,7 @@
 
     python -m benchmarks.tuning_data calibration.json [more.json ...]
     python -m benchmarks.tuning_data held-out.json --report-only --report fit-report.md
+    python -m benchmarks.tuning_data --cross-validate --report cv-report.md
 
 Merges each calibration (benchmarks/calibrate.py) into jax_swiglu/data/<device kind>.json:
 the file is the union of the runs, each entry (one dtype, M, N, K) from the newest run that
@@ -9,6 +10,11 @@ measured it, pointing at that run's provenance (date, commit, GPU, driver, CUDA,
 CUTLASS, command). Rows of the held-out shapes and M (jax_swiglu/_shapes.py) never enter
 it: the report instead asks the selection's learned rule what it would pick there, from the
 data alone, and compares that launch's measured time with the fastest measured.
+
+``--cross-validate`` asks the same of the data's own shapes, one at a time: each measured
+(N, K) is left out, and the rule learned from the others picks a launch at each of its
+measured M (leave one shape out). It judges changes to the cost model and the learned rule on
+every shape the data holds, not only the held-out ones.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import argparse
 import json
 import math
 import os
+import sys
 
+from jax_swiglu import _shapes
 from jax_swiglu.selection import _data, _device, _engine
 
 
@@ -145,7 +153,7 @@ def evaluate(data: _data.TuningData, rows) -> list[dict]:
         if not row["launch_us"]:
             continue
         m, n, k, dtype = row["m"], row["n"], row["k"], row["dtype"]
-        candidates = [c for c in configs.values() if c is not None and m % c.m_multiple == 0]
+        candidates = [c for c in configs.values() if c is not None and c.runs(m)]
         predicted, learned = _engine.predict(data, device, candidates, dtype, m, n, k)
         measured = {_data.parse_launch_id(launch): us for launch, us in row["launch_us"].items()}
         timed = {key: us for key, us in predicted.items() if key in measured}
@@ -165,41 +173,95 @@ def evaluate(data: _data.TuningData, rows) -> list[dict]:
     return results
 
 
-def report_markdown(results, data_path: str, sources) -> str:
-    if not results:
-        return "No held-out rows to evaluate.\n"
+def cross_validate(document: dict) -> list[dict]:
+    """Leave one shape out (see the module docstring): ``evaluate`` on every entry of each
+    measured (N, K), from the data without that shape."""
+    names = {shape: name for name, shape in _shapes.PUBLIC_MLPS.items()}
+    shapes = sorted({(e["k"], e["n"]) for e in document["entries"]})
+    results = []
+    for k, n in shapes:
+        rest = dict(document,
+                    entries=[e for e in document["entries"] if (e["k"], e["n"]) != (k, n)])
+        rows = [dict(e, model=names.get((k, n), f"{k}x{n}"))
+                for e in document["entries"] if (e["k"], e["n"]) == (k, n)]
+        results += evaluate(_data.TuningData(rest), rows)
+    return results
+
+
+def _cell(launch: str) -> str:
+    """A launch id in a markdown table cell (its split's "|" escaped)."""
+    return launch.replace("|", "\\|")
+
+
+def _summary(results) -> str:
     ratios = [r["ratio"] for r in results]
     geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
     within = sum(x <= 1.02 for x in ratios)
+    return (f"{len(results)} rows; chosen/best geomean {geomean:.4f}, max {max(ratios):.3f}; "
+            f"{within} within 2 %.")
+
+
+def cross_validation_markdown(results, data_path: str) -> str:
+    """The summary, by M, and every row more than 2 % from the fastest."""
+    if not results:
+        return "No entries to cross-validate.\n"
+    lines = [f"Leave one shape out over {data_path}: each shape's entries judged by the learned "
+             f"rule of the other shapes' data, against the fastest measured launch.", "",
+             f"- {_summary(results)}", "", "| M | rows | geomean | max | within 2 % |",
+             "|---|---|---|---|---|"]
+    for m in sorted({r["m"] for r in results}):
+        ratios = [r["ratio"] for r in results if r["m"] == m]
+        lines.append(f"| {m} | {len(ratios)} | "
+                     f"{math.exp(sum(math.log(x) for x in ratios) / len(ratios)):.4f} | "
+                     f"{max(ratios):.3f} | {sum(x <= 1.02 for x in ratios)} |")
+    lines += ["", "Rows more than 2 % from the fastest:", "",
+              "| model | M | chosen | us | fastest | us | chosen/fastest |",
+              "|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (r["model"], r["m"])):
+        if r["ratio"] > 1.02:
+            lines.append(f"| {r['model']} | {r['m']} | {_cell(r['chosen'])} | "
+                         f"{r['chosen_us']:.1f} | {_cell(r['best'])} | {r['best_us']:.1f} | "
+                         f"{r['ratio']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def report_markdown(results, data_path: str, sources) -> str:
+    if not results:
+        return "No held-out rows to evaluate.\n"
     lines = [
         f"Held-out rows (shapes and M never fitted), the learned rule of {data_path} against "
         f"the fastest measured launch, from {', '.join(sources)}:",
         "",
-        f"- {len(results)} rows; chosen/best geomean {geomean:.4f}, max {max(ratios):.3f}; "
-        f"{within} within 2 %.",
+        f"- {_summary(results)}",
         "",
         "| model | M | chosen | us | fastest | us | chosen/fastest | XLA/chosen |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(results, key=lambda r: (r["model"], r["m"])):
         vs = f"{r['vs_xla']:.2f}" if "vs_xla" in r else "-"
-        lines.append(f"| {r['model']} | {r['m']} | {r['chosen']} | {r['chosen_us']:.1f} | "
-                     f"{r['best']} | {r['best_us']:.1f} | {r['ratio']:.3f} | {vs} |")
+        lines.append(f"| {r['model']} | {r['m']} | {_cell(r['chosen'])} | {r['chosen_us']:.1f} | "
+                     f"{_cell(r['best'])} | {r['best_us']:.1f} | {r['ratio']:.3f} | {vs} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("calibrations", nargs="+")
+    parser.add_argument("calibrations", nargs="*")
     parser.add_argument("--data", default=None,
                         help="the tuning data file (default: jax_swiglu/data/<device kind>.json)")
     parser.add_argument("--include-held-out", action="store_true",
                         help="merge the held-out rows too (then nothing is left to report on)")
     parser.add_argument("--report-only", action="store_true", help="merge nothing")
-    parser.add_argument("--report", default=None, help="write the held-out report here")
+    parser.add_argument("--report", default=None, help="write the report here")
+    parser.add_argument("--cross-validate", action="store_true",
+                        help="add the leave-one-shape-out report on the data file (after any "
+                             "merge; with no calibrations, the shipped file of the one shipped "
+                             "device or --data)")
     parser.add_argument("--legacy", nargs="*", default=[],
                         help="wave-1 calibration JSONs to import first (see LEGACY_METHOD)")
     args = parser.parse_args(argv)
+    if not args.calibrations and not args.cross_validate:
+        parser.error("give calibration JSONs, or --cross-validate")
     calibrations = []
     for path in args.calibrations:
         with open(path) as f:
@@ -214,8 +276,11 @@ def main(argv=None):
         legacy.sort(key=lambda pair: pair[0]["environment"].get("date") or "")
         calibrations = [c for c, _ in legacy] + calibrations
         args.calibrations = [path for _, path in legacy] + args.calibrations
-    kind = calibrations[0]["environment"]["device_facts"]["kind"]
-    path = args.data or _data.data_path(kind)
+    if calibrations:
+        kind = calibrations[0]["environment"]["device_facts"]["kind"]
+        path = args.data or _data.data_path(kind)
+    else:
+        path = args.data or _data.data_path(_data.shipped_kinds()[0])
     if os.path.exists(path):
         with open(path) as f:
             document = json.load(f)
@@ -223,23 +288,32 @@ def main(argv=None):
         facts = calibrations[0]["environment"]["device_facts"]
         document = empty_document({key: facts[key] for key in
                                    ("kind", "compute_capability", "sm_count", "dram_bytes_per_s")})
-    if not args.report_only:
+    if calibrations and not args.report_only:
         for calibration, source in zip(calibrations, args.calibrations):
-            print(f"{source}: {merge(document, calibration, include_held_out=args.include_held_out)}"
-                  f" entries")
+            written = merge(document, calibration, include_held_out=args.include_held_out)
+            print(f"{source}: {written} entries")
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(document, f, indent=1, sort_keys=True)
             f.write("\n")
         print(f"wrote {path}: {len(document['entries'])} entries from "
               f"{len(document['calibrations'])} calibrations")
-    data = _data.TuningData(document, source=path)
-    rows = [row for c in calibrations for row in c["rows"] if held_out(row, c)]
-    markdown = report_markdown(evaluate(data, rows), os.path.basename(path), args.calibrations)
+    sections = []
+    if calibrations:
+        data = _data.TuningData(document, source=path)
+        rows = [row for c in calibrations for row in c["rows"] if held_out(row, c)]
+        sections.append(report_markdown(evaluate(data, rows), os.path.basename(path),
+                                        args.calibrations))
+    if args.cross_validate:
+        sections.append(cross_validation_markdown(cross_validate(document),
+                                                  os.path.basename(path)))
+    markdown = "\n".join(sections)
     print(markdown)
     if args.report:
+        command = " ".join(["python -m benchmarks.tuning_data", *(argv if argv is not None
+                                                                   else sys.argv[1:])])
         with open(args.report, "w") as f:
-            f.write(markdown)
+            f.write(f"<!-- written by `{command}`; regenerate, do not edit -->\n{markdown}")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,16 @@ class KernelConfig:
         token's sums in registers, so its rows are built for at most tile_m tokens."""
         return self.tile_m if self.schedule == "cuda-cores" else None
 
+    @property
+    def ctas_per_sm(self) -> int:
+        """CTAs one SM holds at once. The gemv kernel's launch bounds ask for two where the
+        sums of at most 4 tokens leave room in the registers (GemvMinBlocks in
+        ffi/kernels/gemv_kernel.cuh), one otherwise; the tensor-core kernels are persistent,
+        one CTA per SM."""
+        if self.schedule == "cuda-cores":
+            return 2 if self.tile_m <= 4 else 1
+        return 1
+
     def runs(self, m: int) -> bool:
         """Whether the config can run M tokens."""
         return m % self.m_multiple == 0 and (self.max_m is None or m <= self.max_m)

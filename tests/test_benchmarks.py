@@ -240,6 +240,28 @@ def test_tuning_data_merges_runs_and_keeps_held_out_rows_out(tmp_path):
     assert "| llama-3-8b | 5 |" in report_md and "| qwen2.5-3b | 1 |" in report_md
 
 
+def test_cross_validation_leaves_each_shape_out(tmp_path):
+    """Leave one shape out: a shape's entries are judged by the rule learned from the others
+    alone. Config b wins everywhere but on one shape, which no other shape predicts: that
+    row, and only that one, is reported off the fastest."""
+    rows = [_cal_row(model, m, 80.0, 55.0)
+            for model in ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3-8b") for m in (1, 2)]
+    rows.append(_cal_row("qwen2.5-72b", 1, 50.0, 70.0))
+    path, data = tmp_path / "c.json", tmp_path / "data.json"
+    path.write_text(json.dumps(_calibration(rows)))
+    tuning_data.main([str(path), "--data", str(data)])
+    results = tuning_data.cross_validate(json.loads(data.read_text()))
+    assert len(results) == 7 and all(r["learned"] for r in results)
+    off = [(r["model"], r["m"]) for r in results if r["ratio"] > 1.0]
+    assert off == [("qwen2.5-72b", 1)]
+    tuning_data.main(["--cross-validate", "--data", str(data), "--report", str(tmp_path / "cv.md")])
+    report_md = (tmp_path / "cv.md").read_text()
+    assert report_md.startswith(
+        "<!-- written by `python -m benchmarks.tuning_data --cross-validate")
+    assert "7 rows" in report_md and "| qwen2.5-72b | 1 |" in report_md
+    assert "| llama-3-8b | 1 |" not in report_md  # within 2 %: only in the summary
+
+
 def test_tuning_data_refuses_another_device(tmp_path):
     calibration = _calibration([_cal_row("llama-3-8b", 1, 80.0, 55.0)])
     document = tuning_data.empty_document({"kind": "NVIDIA H100 PCIe", "compute_capability": 90,

@@ -22,15 +22,22 @@ PEAK_FLOPS_PER_SM = 7.5e12
 # How much more than its even share of DRAM bandwidth one SM can pull: a round with few
 # active tiles still streams faster than the even share, but not without limit.
 SM_BANDWIDTH_FACTOR = 1.3
-# Fixed cost of a launch, and of the stream-K workspace's memset before it.
+# Fixed cost of a launch, and what stream-K adds to it: the workspace's memset before the
+# kernel and the fixed-order reduction of the split tiles at its end. That reduction is a
+# chain: the CTA that finishes a tile waits for each peer's partial sums in turn, so each
+# peer of a tile adds a link's latency (a flag and a partial tile through the L2).
 LAUNCH_US = 2.0
-MEMSET_US = 1.0
+STREAM_K_US = 4.0
+STREAM_K_PEER_US = 1.5
 # Stream-K's fixed-order reduction: a partial tile written and read back once per split.
 FIXUP_BYTES_PER_ELEMENT = 8
 # The gemv kernel (CUDA cores, ffi/kernels/gemv_kernel.cuh): an SM's fp32 FMA lanes at its
 # boost clock, and the instructions each FMA brings along (unpacking bf16, loads, addressing).
 GEMV_FMA_PER_SM_PER_S = 128 * 1.98e9
 GEMV_ISSUE_PER_FMA = 1.4
+# How much more than its even share of DRAM bandwidth one SM pulls with the gemv kernel's
+# 16-byte loads, where few of its CTAs share the machine.
+GEMV_SM_BANDWIDTH_FACTOR = 2.0
 # Of the operand bytes that tiles load more than once (the weights once per row of token
 # tiles, x once per column of weight tiles), the share that comes from DRAM again rather
 # than from the L2: tiles sharing an operand run at nearby times, but not all at once.
@@ -110,17 +117,43 @@ def rounds(config, splits: int, problem: Problem, sm_count: int) -> float:
 def gemv_us(config, splits: int, problem: Problem, sm_count: int,
             dram_bytes_per_s: float) -> float:
     """Predicted GPU time (us) of the gemv kernel with K split over ``splits`` CTAs: the
-    larger of the DRAM stream, the FMA issue, and the bytes of the SM with the most CTAs
-    (every CTA streams the same share; an SM with one more than the others streams more
-    than its even share of the bytes, at most SM_BANDWIDTH_FACTOR times faster)."""
+    larger of the FMA issue and the weight stream. Every CTA streams the same share of the
+    weights; the SMs hold ``config.ctas_per_sm`` at once, so the CTAs run in waves: a full
+    wave streams at the DRAM rate, and a last, partial one at the DRAM rate or, where few
+    CTAs are left, at what the SM with the most of them can pull (at most
+    GEMV_SM_BANDWIDTH_FACTOR times its even share)."""
     ctas = _ceil(problem.packed, config.tile_n) * splits
+    slots = sm_count * config.ctas_per_sm
+    cta_bytes = problem.element_bytes * config.tile_n * _ceil(problem.k, splits)
+    full_waves, last_wave = divmod(ctas, slots)
+    stream_s = full_waves * slots * cta_bytes / dram_bytes_per_s
+    if last_wave:
+        sm_rate = GEMV_SM_BANDWIDTH_FACTOR * dram_bytes_per_s / sm_count
+        stream_s += max(last_wave * cta_bytes / dram_bytes_per_s,
+                        _ceil(last_wave, sm_count) * cta_bytes / sm_rate)
+    stream_s += problem.element_bytes * problem.m * (problem.k + problem.n) / dram_bytes_per_s
     fma_s = (GEMV_ISSUE_PER_FMA * problem.m * problem.k * problem.packed
              / (GEMV_FMA_PER_SM_PER_S * sm_count))
-    dram_s = problem.dram_bytes / dram_bytes_per_s
-    cta_bytes = problem.element_bytes * config.tile_n * _ceil(problem.k, splits)
-    busiest_s = (_ceil(ctas, sm_count) * cta_bytes
-                 / (SM_BANDWIDTH_FACTOR * dram_bytes_per_s / sm_count))
-    return LAUNCH_US + 1e6 * max(fma_s, dram_s, busiest_s)
+    return LAUNCH_US + 1e6 * max(fma_s, stream_s)
+
+
+def stream_k_peers(config, splits: int, problem: Problem, sm_count: int) -> float:
+    """Peers per tile in a stream-K launch's fixup chain (0 for other schedulers): split-K's
+    other splits; stream-K's CTAs sharing a tile where there are fewer tiles than SMs (at
+    most one per k tile), one where only a ragged last wave is spread; none where CUTLASS
+    keeps whole tiles (as ``rounds``)."""
+    if config.scheduler != "stream-k":
+        return 0.0
+    tiles_m, tiles_n = tile_grid(config, problem)
+    tiles = tiles_m * tiles_n
+    k_tiles = _ceil(problem.k, config.tile_k)
+    if splits > 1:
+        return float(min(splits, k_tiles) - 1)
+    if tiles % sm_count == 0 or k_tiles <= 8:
+        return 0.0
+    if tiles < sm_count:
+        return max(0.0, min(sm_count / tiles, k_tiles) - 1)
+    return 1.0
 
 
 def launch_us(config, splits: int, problem: Problem, sm_count: int,
@@ -150,7 +183,8 @@ def launch_us(config, splits: int, problem: Problem, sm_count: int,
         split_tiles = tiles if splits > 1 else min(tiles, sm_count)
         seconds += (split_tiles * config.tile_m * config.tile_n * FIXUP_BYTES_PER_ELEMENT
                     / dram_bytes_per_s)
-        overhead_us += MEMSET_US
+        overhead_us += (STREAM_K_US
+                        + STREAM_K_PEER_US * stream_k_peers(config, splits, problem, sm_count))
     return overhead_us + 1e6 * seconds
 
 
