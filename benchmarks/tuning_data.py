@@ -279,8 +279,15 @@ def main(argv=None):
     if calibrations:
         kind = calibrations[0]["environment"]["device_facts"]["kind"]
         path = args.data or _data.data_path(kind)
+    elif args.data:
+        path = args.data
     else:
-        path = args.data or _data.data_path(_data.shipped_kinds()[0])
+        kinds = _data.shipped_kinds()
+        if len(kinds) != 1:
+            parser.error(f"{len(kinds)} shipped data files: name one with --data")
+        path = _data.data_path(kinds[0])
+    if not calibrations and not os.path.exists(path):
+        parser.error(f"no tuning data file {path}")
     if os.path.exists(path):
         with open(path) as f:
             document = json.load(f)

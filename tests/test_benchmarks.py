@@ -260,6 +260,8 @@ def test_cross_validation_leaves_each_shape_out(tmp_path):
         "<!-- written by `python -m benchmarks.tuning_data --cross-validate")
     assert "7 rows" in report_md and "| qwen2.5-72b | 1 |" in report_md
     assert "| llama-3-8b | 1 |" not in report_md  # within 2 %: only in the summary
+    with pytest.raises(SystemExit):  # a clear error, not a traceback
+        tuning_data.main(["--cross-validate", "--data", str(tmp_path / "missing.json")])
 
 
 def test_tuning_data_refuses_another_device(tmp_path):

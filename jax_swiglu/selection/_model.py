@@ -92,6 +92,11 @@ def split_tail_clusters(config, problem: Problem, sm_count: int) -> int:
     return 2 * (last // cluster) if last and 2 * last <= ctas else 0
 
 
+def _stream_k_keeps_whole_tiles(tiles: int, per_round: int, k_tiles: int) -> bool:
+    """Where CUTLASS's stream-K scheduler splits no tile: whole rounds, or too few k tiles."""
+    return tiles % per_round == 0 or k_tiles <= 8
+
+
 def rounds(config, splits: int, problem: Problem, sm_count: int) -> float:
     """Rounds of whole-tile time the call takes on ``sm_count`` SMs (fractions where the
     scheduler balances a ragged last round: stream-K, split tails)."""
@@ -104,7 +109,7 @@ def rounds(config, splits: int, problem: Problem, sm_count: int) -> float:
         if splits > 1:
             splits = min(splits, k_tiles)
             return math.ceil(tiles * splits / per_round) / splits
-        if tiles % per_round == 0 or k_tiles <= 8:  # CUTLASS keeps whole tiles there
+        if _stream_k_keeps_whole_tiles(tiles, per_round, k_tiles):
             return math.ceil(tiles / per_round)
         return tiles / per_round
     per_round = min(per_round, tiles)
@@ -141,7 +146,7 @@ def stream_k_peers(config, splits: int, problem: Problem, sm_count: int) -> floa
     """Peers per tile in a stream-K launch's fixup chain (0 for other schedulers): split-K's
     other splits; stream-K's CTAs sharing a tile where there are fewer tiles than SMs (at
     most one per k tile), one where only a ragged last wave is spread; none where CUTLASS
-    keeps whole tiles (as ``rounds``)."""
+    keeps whole tiles."""
     if config.scheduler != "stream-k":
         return 0.0
     tiles_m, tiles_n = tile_grid(config, problem)
@@ -149,7 +154,7 @@ def stream_k_peers(config, splits: int, problem: Problem, sm_count: int) -> floa
     k_tiles = _ceil(problem.k, config.tile_k)
     if splits > 1:
         return float(min(splits, k_tiles) - 1)
-    if tiles % sm_count == 0 or k_tiles <= 8:
+    if _stream_k_keeps_whole_tiles(tiles, sm_count, k_tiles):
         return 0.0
     if tiles < sm_count:
         return max(0.0, min(sm_count / tiles, k_tiles) - 1)
