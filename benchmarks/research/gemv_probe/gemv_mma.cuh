@@ -46,7 +46,9 @@ struct Step {
   uint32_t x[kTokenTiles][2];  // x[token][rows 2 q, 2 q + 1] and [rows 2 q + 8, 2 q + 9]
 };
 
-template <int kTokenTiles, int kChunks, int kUnroll, int kMinBlocks>
+// kStreamOnly: the same loads with the multiply replaced by a bitwise fold of the weights
+// (its output is not the product): the rate this access pattern streams at with no math.
+template <int kTokenTiles, int kChunks, int kUnroll, int kMinBlocks, bool kStreamOnly = false>
 __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvMmaKernel(GemvParams p) {
   constexpr int kTokens = 8 * kTokenTiles;
   constexpr int kColumns = 64 * kChunks;
@@ -101,6 +103,10 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvMmaKernel(GemvPa
       for (int i = 0; i < 4; ++i) {
         const uint32_t w0 = Word(s.weights[c][0], i), w1 = Word(s.weights[c][1], i);
         const uint32_t w8 = Word(s.weights[c][2], i), w9 = Word(s.weights[c][3], i);
+        if constexpr (kStreamOnly) {
+          acc[c][i][0][0] = __uint_as_float(__float_as_uint(acc[c][i][0][0]) ^ w0 ^ w1 ^ w8 ^ w9);
+          continue;
+        }
         const uint32_t a[4] = {__byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632),
                                __byte_perm(w8, w9, 0x5410), __byte_perm(w8, w9, 0x7632)};
 #pragma unroll
@@ -184,12 +190,12 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvMmaKernel(GemvPa
 
 // Launches the form on `p` with the product's grid: (splits, column blocks), one cluster per
 // column block. Returns why not, or "".
-template <int kTokenTiles, int kChunks, int kUnroll, int kMinBlocks>
+template <int kTokenTiles, int kChunks, int kUnroll, int kMinBlocks, bool kStreamOnly = false>
 std::string LaunchGemvMma(const jax_swiglu::SwigluProblem& p, const jax_swiglu::DeviceFacts&,
                           cudaStream_t stream) {
   constexpr int kColumns = 64 * kChunks;
   constexpr int kShared = kGemvWarps * 8 * kTokenTiles * kColumns * static_cast<int>(sizeof(float));
-  auto* kernel = GemvMmaKernel<kTokenTiles, kChunks, kUnroll, kMinBlocks>;
+  auto* kernel = GemvMmaKernel<kTokenTiles, kChunks, kUnroll, kMinBlocks, kStreamOnly>;
   if (p.m > 8 * kTokenTiles) return "too many tokens";
   if (p.k % 8 != 0 || p.n_packed % kGateUpBlock != 0) return "K and N must be multiples of 8";
   const int steps = static_cast<int>((p.k + kMmaRows - 1) / kMmaRows);
