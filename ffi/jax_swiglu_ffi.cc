@@ -382,6 +382,8 @@ const char* ScheduleName(jax_swiglu::Schedule s) {
       return "cooperative";
     case jax_swiglu::Schedule::CudaCores:
       return "cuda-cores";
+    case jax_swiglu::Schedule::MmaSync:
+      return "mma-sync";
     default:
       return "pingpong";
   }

@@ -14,8 +14,8 @@
 
 // Columns:
 //   schedule   Cooperative (two math warpgroups share a tile) or Pingpong (each warpgroup its
-//              own tile, one's epilogue overlapping the other's mainloop); CudaCores for
-//              the gemv kernel (no tensor cores).
+//              own tile, one's epilogue overlapping the other's mainloop); CudaCores or MmaSync
+//              for the gemv kernel (FMAs, or warp-level mma.sync on the tensor cores).
 //   m_side     which operand sits on the wgmma M side. Tokens: x rows are the tile's M, the
 //              packed weights its N (the prefill form). Weights ("swap-AB"): the packed
 //              columns are the wgmma M side and the tokens its N, so a tile of 8..64 tokens
@@ -92,19 +92,23 @@
 
 #define JAX_SWIGLU_NUM_FP8_CONFIGS 4
 
-// The CUDA-core GEMV for a few tokens (kernels/gemv_kernel.cuh): no tensor cores, so no
-// padding of the tokens to a wgmma shape and no TMA or workspace around the weight stream.
-// tile_m is the most tokens a row runs (its fp32 sums live in registers, tile_m x 8 per
-// thread), tile_n the packed columns per CTA, tile_k the K rows per warp step. K is split
-// over a cluster of `splits` CTAs (the launch attribute: 1, 2, 4 or 8) whose sums meet in
-// distributed shared memory in rank order.
-#define JAX_SWIGLU_GEMV_CONFIGS(X)                                                   \
-  X(0, CudaCores, Weights, 1, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)   \
-  X(1, CudaCores, Weights, 2, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)   \
-  X(2, CudaCores, Weights, 4, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)   \
-  X(3, CudaCores, Weights, 8, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)
+// The GEMV for a few tokens (kernels/gemv_kernel.cuh): no wgmma, so no padding of the tokens
+// to a wgmma shape and no TMA or workspace around the weight stream. tile_m is the most
+// tokens a row runs (their fp32 sums live in registers), tile_n the packed columns per CTA,
+// tile_k the K rows per warp step. K is split over a cluster of `splits` CTAs (the launch
+// attribute: 1, 2, 4 or 8) whose sums meet in distributed shared memory in rank order. The
+// CudaCores rows multiply with FMAs, one per weight and token; the MmaSync rows on the
+// tensor cores (mma.sync, 16 packed columns by 8 tokens by 16 rows), whose instructions per
+// loaded byte do not grow with the tokens. The MmaSync rows are Optional until measured.
+#define JAX_SWIGLU_GEMV_CONFIGS(X)                                                    \
+  X(0, CudaCores, Weights, 1, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)    \
+  X(1, CudaCores, Weights, 2, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)    \
+  X(2, CudaCores, Weights, 4, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)    \
+  X(3, CudaCores, Weights, 8, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)    \
+  X(4, MmaSync, Weights, 8, 128, 16, 1, 1, ClusterSplitK, DirectStore, 1, Optional)   \
+  X(5, MmaSync, Weights, 16, 128, 16, 1, 1, ClusterSplitK, DirectStore, 1, Optional)
 
-#define JAX_SWIGLU_NUM_GEMV_CONFIGS 4
+#define JAX_SWIGLU_NUM_GEMV_CONFIGS 6
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
@@ -132,7 +136,7 @@ inline constexpr int kGateUpBlock = 32;
 enum class Activation { JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_ACTIVATION_ENUMERATOR) };
 #undef JAX_SWIGLU_ACTIVATION_ENUMERATOR
 
-enum class Schedule { Cooperative, Pingpong, CudaCores };
+enum class Schedule { Cooperative, Pingpong, CudaCores, MmaSync };
 enum class MmaMSide { Tokens, Weights };
 enum class TileScheduler { Persistent, StreamK, SplitTail, ClusterSplitK };
 enum class OutputStore { TmaStore, DirectStore };
@@ -222,15 +226,22 @@ constexpr bool Fp8RowsAreValid(const KernelConfig (&table)[N]) {
 }
 static_assert(Fp8RowsAreValid(kFp8Configs), "an fp8 row the kernel cannot build");
 
-// The gemv rows: CUDA cores, a warp's row of 16-byte loads per CTA, 8-row steps, and at
-// most 8 tokens (their sums take 8 registers each per thread); the tensor-core kernels run
-// nothing of this form.
+// The gemv rows: a cluster split of K and a direct store, and either CUDA cores (a warp's row
+// of 16-byte loads per CTA, 8-row steps, at most 8 tokens: their sums take 8 registers each
+// per thread) or mma.sync (whole 64-column chunks per thread row, 16-row steps, one or two
+// token tiles of 8); the wgmma kernels run nothing of this form.
+constexpr bool IsGemvSchedule(Schedule s) {
+  return s == Schedule::CudaCores || s == Schedule::MmaSync;
+}
 template <size_t N>
 constexpr bool GemvRowsAreValid(const KernelConfig (&table)[N]) {
   for (size_t i = 0; i < N; ++i) {
     const KernelConfig& c = table[i];
-    if (c.schedule != Schedule::CudaCores || c.m_side != MmaMSide::Weights || c.tile_m < 1 ||
-        c.tile_m > 8 || c.tile_n != 256 || c.tile_k != 8 || c.cluster_m != 1 ||
+    const bool cuda_cores = c.schedule == Schedule::CudaCores && c.tile_m >= 1 &&
+                            c.tile_m <= 8 && c.tile_n == 256 && c.tile_k == 8;
+    const bool mma = c.schedule == Schedule::MmaSync && (c.tile_m == 8 || c.tile_m == 16) &&
+                     c.tile_n % 64 == 0 && c.tile_n >= 64 && c.tile_n <= 256 && c.tile_k == 16;
+    if (!(cuda_cores || mma) || c.m_side != MmaMSide::Weights || c.cluster_m != 1 ||
         c.cluster_n != 1 || c.scheduler != TileScheduler::ClusterSplitK ||
         c.store != OutputStore::DirectStore || c.m_bands != 1) {
       return false;
@@ -241,7 +252,7 @@ constexpr bool GemvRowsAreValid(const KernelConfig (&table)[N]) {
 template <size_t N>
 constexpr bool UsesNoGemvColumns(const KernelConfig (&table)[N]) {
   for (size_t i = 0; i < N; ++i) {
-    if (table[i].schedule == Schedule::CudaCores ||
+    if (IsGemvSchedule(table[i].schedule) ||
         table[i].scheduler == TileScheduler::ClusterSplitK) {
       return false;
     }
@@ -251,6 +262,6 @@ constexpr bool UsesNoGemvColumns(const KernelConfig (&table)[N]) {
 static_assert(GemvRowsAreValid(kGemvConfigs), "a gemv row the kernel cannot build");
 static_assert(UsesNoGemvColumns(kInterleavedConfigs) && UsesNoGemvColumns(kPingpongConfigs) &&
                   UsesNoGemvColumns(kFp8Configs),
-              "CudaCores and ClusterSplitK are the gemv kernel's alone");
+              "CudaCores, MmaSync and ClusterSplitK are the gemv kernel's alone");
 
 }  // namespace jax_swiglu

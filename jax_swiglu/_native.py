@@ -52,8 +52,9 @@ class KernelConfig:
     optional: bool = False  # compiled only with JAX_SWIGLU_ALL_CONFIGS
 
     def describe(self) -> str:
-        if self.schedule == "cuda-cores":
-            return (f"CUDA cores, up to {self.tile_m} tokens, {self.tile_n} packed columns "
+        if self.is_gemv:
+            how = "CUDA cores" if self.schedule == "cuda-cores" else "mma.sync on the tensor cores"
+            return (f"{how}, up to {self.tile_m} tokens, {self.tile_n} packed columns "
                     f"per CTA, K split over a cluster, direct store")
         return (f"{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
                 f"cluster {self.cluster_m}x{self.cluster_n}"
@@ -77,20 +78,25 @@ class KernelConfig:
         return self.m_bands * self.tile_m * self.cluster_m if self.m_bands > 1 else 1
 
     @property
+    def is_gemv(self) -> bool:
+        """A row of the gemv kernel (either form: CUDA cores or mma.sync)."""
+        return self.scheduler == "cluster-split-k"
+
+    @property
     def max_m(self) -> int | None:
         """The most tokens the config runs (None: any M). The gemv kernel keeps every
         token's sums in registers, so its rows are built for at most tile_m tokens."""
-        return self.tile_m if self.schedule == "cuda-cores" else None
+        return self.tile_m if self.is_gemv else None
 
     @property
     def ctas_per_sm(self) -> int:
         """CTAs one SM holds at once. The gemv kernel's launch bounds ask for two where the
-        sums of at most 4 tokens leave room in the registers (GemvMinBlocks in
-        ffi/kernels/gemv_kernel.cuh), one otherwise; the tensor-core kernels are persistent,
-        one CTA per SM."""
+        sums leave room in the registers (ffi/kernels/gemv_kernel.cuh: GemvMinBlocks for the
+        CUDA-core form, at most 4 tokens; always for the mma.sync form), one otherwise; the
+        wgmma kernels are persistent, one CTA per SM."""
         if self.schedule == "cuda-cores":
             return 2 if self.tile_m <= 4 else 1
-        return 1
+        return 2 if self.schedule == "mma-sync" else 1
 
     def runs(self, m: int) -> bool:
         """Whether the config can run M tokens."""
@@ -104,9 +110,9 @@ class KernelConfig:
     def split_choices(self, k: int, stream_k_splits=(1, 2, 4)) -> tuple[int, ...]:
         """The split-K factors worth measuring for K: ``stream_k_splits`` for a stream-K
         config (at most one split per k tile); the cluster sizes of the gemv kernel (1, 2, 4
-        or 8 CTAs, at least one 8-row step each)."""
-        if self.scheduler == "cluster-split-k":
-            return tuple(s for s in GEMV_SPLITS if s <= k // self.tile_k)
+        or 8 CTAs, at least one step of tile_k rows each; a last step may be partial)."""
+        if self.is_gemv:
+            return tuple(s for s in GEMV_SPLITS if s <= -(-k // self.tile_k))
         if self.scheduler == "stream-k":
             k_tiles = -(-k // self.tile_k)
             return tuple(s for s in stream_k_splits if s == 1 or s <= k_tiles)

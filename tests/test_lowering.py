@@ -313,26 +313,26 @@ def test_gemv_kernel_lowering(monkeypatch):
     as the `splits` attribute and no workspace result; M beyond a config's tokens, or a
     split that is not a cluster size, is refused at trace time."""
     configs = jax_swiglu.kernel_configs()["gemv"]
-    assert configs and all(c.schedule == "cuda-cores" and c.max_m == c.tile_m <= 8
-                           for c in configs.values())
+    assert configs and all(c.schedule in ("cuda-cores", "mma-sync")
+                           and c.max_m == c.tile_m <= 16 for c in configs.values())
     most = max(configs.values(), key=lambda c: c.tile_m)
-    packed = _packed()
+    packed = _packed(k=128)  # 8 steps of either form: every cluster size
     fn = lambda x, p: swiglu(x, p, kernel="gemv")  # noqa: E731
-    hlo = cuda_hlo(fn, _x(most.tile_m), packed)
+    hlo = cuda_hlo(fn, _x(most.tile_m, k=128), packed)
     assert [t for t, _ in custom_calls(hlo)] == ["jax_swiglu_gemv_silu_bf16"]
     assert "tuple<" not in hlo.split("jax_swiglu_gemv_silu_bf16")[1].split("\n")[0]
     with pytest.raises(ValueError, match="gemv"):
-        cuda_hlo(fn, _x(most.tile_m + 1), packed)
+        cuda_hlo(fn, _x(most.tile_m + 1, k=128), packed)
     monkeypatch.setenv(selection.CONFIG_ENV_VAR, f"{most.id},splits=8")
     jax.clear_caches()
-    assert re.search(r"splits = 8 : i64", cuda_hlo(fn, _x(3), packed))
+    assert re.search(r"splits = 8 : i64", cuda_hlo(fn, _x(3, k=128), packed))
     for bad in (f"{most.id},splits=3", f"{most.id},splits=16"):
         monkeypatch.setenv(selection.CONFIG_ENV_VAR, bad)
         jax.clear_caches()
         with pytest.raises(ValueError, match="cluster"):
-            cuda_hlo(fn, _x(3), packed)
+            cuda_hlo(fn, _x(3, k=128), packed)
     smallest = min(configs.values(), key=lambda c: c.tile_m)
     monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(smallest.id))
     jax.clear_caches()
     with pytest.raises(ValueError, match="at most"):
-        cuda_hlo(fn, _x(smallest.tile_m + 1), packed)
+        cuda_hlo(fn, _x(smallest.tile_m + 1, k=128), packed)

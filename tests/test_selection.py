@@ -348,6 +348,8 @@ GEMV = config(3, kernel="gemv", schedule="cuda-cores", m_side="weights", tile_m=
               tile_k=8, scheduler="cluster-split-k")
 FEW_TOKENS_GEMV = config(0, kernel="gemv", schedule="cuda-cores", m_side="weights", tile_m=1,
                          tile_n=256, tile_k=8, scheduler="cluster-split-k")
+MMA_GEMV = config(5, kernel="gemv", schedule="mma-sync", m_side="weights", tile_m=16,
+                  tile_n=128, tile_k=16, scheduler="cluster-split-k")
 
 
 def test_stream_k_fixup_is_a_chain():
@@ -387,3 +389,17 @@ def test_gemv_model_and_candidates():
     # More tokens, more FMAs: at M = 8 the FMA issue can bound a small-K call.
     assert (_model.launch_us(GEMV, 4, _model.Problem(8, 11008, 4096), 132, 4.8e12)
             >= _model.launch_us(GEMV, 4, _model.Problem(1, 11008, 4096), 132, 4.8e12))
+
+
+def test_mma_gemv_rows():
+    """The gemv kernel's mma.sync form: any M up to its token tiles, 16-row steps (a partial
+    last one counts), two CTAs an SM, and no FMA bound: its predicted time grows with the
+    tokens only by their bytes."""
+    assert MMA_GEMV.is_gemv and GEMV.is_gemv and not DECODE.is_gemv
+    assert MMA_GEMV.runs(1) and MMA_GEMV.runs(16) and not MMA_GEMV.runs(17)
+    assert MMA_GEMV.split_choices(24) == (1, 2) and MMA_GEMV.split_choices(8) == (1,)
+    assert MMA_GEMV.ctas_per_sm == 2
+    assert "mma.sync" in MMA_GEMV.describe() and "CUDA cores" in GEMV.describe()
+    one, sixteen = (_model.launch_us(MMA_GEMV, 2, _model.Problem(m, 11008, 4096), 132, 4.8e12)
+                    for m in (1, 16))
+    assert one < sixteen < one * 1.01

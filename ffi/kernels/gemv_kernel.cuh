@@ -1,10 +1,12 @@
-// The CUDA-core fused kernel for a few tokens (decode): act(x @ W_gate) * (x @ W_up) as a
-// GEMV that streams the packed weights once, with no tensor cores, no TMA and no workspace.
+// The fused kernel for a few tokens (decode): act(x @ W_gate) * (x @ W_up) as a GEMV that
+// streams the packed weights once, with no wgmma, no TMA and no workspace. Two forms share the
+// split of K over a cluster and the order of the sums: the CUDA-core form (CudaCores rows:
+// FMAs) and the tensor-core form (MmaSync rows: warp-level mma.sync, GemvMmaKernel below).
 //
 // At M <= 8 a call is a stream of the packed [K, 2N] weights; what decides its time is how
 // many bytes are in flight on every SM and how little the launch costs around the stream.
-// A CTA owns 256 packed columns (one warp's row of 16-byte loads: 512 contiguous bytes of
-// every weight row) and one of `splits` equal ranges of K; its 8 warps take the range's
+// A CUDA-core CTA owns 256 packed columns (one warp's row of 16-byte loads: 512 bytes of
+// each weight row) and one of `splits` equal ranges of K; its 8 warps take the range's
 // 8-row steps in turn. Each thread keeps fp32 sums of its 8 packed columns for every token.
 // The sums meet in a fixed order, so the result is bitwise the same on every call:
 //  1. within a thread, over its rows in K order;
@@ -51,6 +53,15 @@ struct GemvElement<BF16> {
     return make_float2(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u));
   }
   static __device__ __forceinline__ __nv_bfloat16 Round(float v) { return __float2bfloat16_rn(v); }
+  // d += a (16 x 16, row-major) * b (16 x 8, column-major), fp32 accumulators.
+  static __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 };
 template <>
 struct GemvElement<F16> {
@@ -61,6 +72,14 @@ struct GemvElement<F16> {
     return __half22float2(h);
   }
   static __device__ __forceinline__ __half Round(float v) { return __float2half_rn(v); }
+  static __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 };
 
 // 16 bytes of weights, read once: not kept in L1, and fetched from DRAM in 256-byte
@@ -221,9 +240,179 @@ __global__ void __launch_bounds__(kGemvThreads, GemvMinBlocks(kTokens)) GemvSwig
   }
 }
 
+// The tensor-core form (MmaSync rows): mma.sync m16n8k16 with 16 packed columns on its M
+// side, 8 tokens (a token tile) on its N side and 16 rows of K a step, so the multiply costs
+// a few instructions per 16-byte load however many tokens there are. The CTA, its split of
+// K and the order of the sums are the CUDA-core form's; only the columns per CTA (tile_n, in
+// 64-column chunks) and the step differ.
+//
+// A thread of mma group g (lane / 4) and quad lane q (lane % 4) loads, for each chunk c
+// (packed columns 64 c + 8 g .. + 7 of the CTA's), rows 2 q, 2 q + 1, 2 q + 8 and 2 q + 9 of
+// the step. The A fragment pairs two rows of one column per register: byte permutes build
+// them, fragment row g being the chunk's column 2 i and row g + 8 column 2 i + 1 (one mma per
+// i = 0..3). x feeds the B fragment with the same rows, and the accumulators come back as
+// columns 2 i, 2 i + 1 for tokens 2 q, 2 q + 1: the thread ends with its own 8 columns. A K
+// that is not a multiple of 16 leaves the last step's upper 8 rows out (read as zeros).
+inline constexpr int kGemvMmaRows = 16;
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <int kChunks, int kTokenTiles>
+struct GemvMmaStep {
+  uint4 weights[kChunks][4];   // rows 2 q, 2 q + 1, 2 q + 8, 2 q + 9
+  uint32_t x[kTokenTiles][2];  // a token's rows 2 q, 2 q + 1, and 2 q + 8, 2 q + 9
+};
+
+// Two token tiles keep twice the accumulators: one step in flight instead of two, so both
+// forms fit two CTAs an SM (128 registers a thread).
+constexpr int GemvMmaUnroll(int token_tiles) { return token_tiles == 1 ? 2 : 1; }
+
+// kUnroll and kMinBlocks are the rows' (GemvMmaUnroll, two CTAs an SM); the research probe
+// (benchmarks/research/gemv_probe/) times others.
+template <int kTokenTiles, int kChunks, class Tag, Activation kActivation,
+          int kUnroll = GemvMmaUnroll(kTokenTiles), int kMinBlocks = 2>
+__global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvMmaKernel(GemvParams p) {
+  using E = GemvElement<Tag>;
+  constexpr int kTokens = 8 * kTokenTiles;
+  constexpr int kColumns = 64 * kChunks;
+  extern __shared__ float4 gemv_shared[];
+  float* shared = reinterpret_cast<float*>(gemv_shared);  // [warp][token][column]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
+  const int64_t block_column = int64_t(blockIdx.y) * kColumns;
+  const auto* packed = static_cast<const uint16_t*>(p.packed);
+  const auto* x = static_cast<const uint16_t*>(p.x);
+
+  // Chunks are whole 64-column gate/up pairs (2N' % 64 == 0): in or out for the whole warp.
+  bool has[kChunks];
+  const uint16_t* chunk[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    has[c] = block_column + 64 * c < p.packed_columns;
+    chunk[c] = packed + block_column + 64 * c + 8 * group + int64_t(2 * quad) * p.packed_columns;
+  }
+  bool has_token[kTokenTiles];
+  const uint16_t* token_row[kTokenTiles];
+#pragma unroll
+  for (int tt = 0; tt < kTokenTiles; ++tt) {
+    has_token[tt] = 8 * tt + group < p.m;
+    token_row[tt] = x + int64_t(has_token[tt] ? 8 * tt + group : 0) * p.k + 2 * quad;
+  }
+  float acc[kChunks][4][kTokenTiles][4] = {};
+
+  auto load = [&](int step, GemvMmaStep<kChunks, kTokenTiles>& s) {
+    const int64_t row = int64_t(step) * kGemvMmaRows;
+    const bool upper = row + kGemvMmaRows <= p.k;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      if (!has[c]) continue;
+      const uint16_t* base = chunk[c] + row * p.packed_columns;
+      s.weights[c][0] = LoadWeights(base);
+      s.weights[c][1] = LoadWeights(base + p.packed_columns);
+      s.weights[c][2] = upper ? LoadWeights(base + 8 * p.packed_columns) : uint4{};
+      s.weights[c][3] = upper ? LoadWeights(base + 9 * p.packed_columns) : uint4{};
+    }
+#pragma unroll
+    for (int tt = 0; tt < kTokenTiles; ++tt) {
+      const auto* words = reinterpret_cast<const uint32_t*>(token_row[tt] + row);
+      s.x[tt][0] = has_token[tt] ? __ldg(words) : 0u;
+      s.x[tt][1] = has_token[tt] && upper ? __ldg(words + 4) : 0u;
+    }
+  };
+  auto multiply = [&](const GemvMmaStep<kChunks, kTokenTiles>& s) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      if (!has[c]) continue;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t w0 = Word(s.weights[c][0], i), w1 = Word(s.weights[c][1], i);
+        const uint32_t w8 = Word(s.weights[c][2], i), w9 = Word(s.weights[c][3], i);
+        const uint32_t a[4] = {__byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632),
+                               __byte_perm(w8, w9, 0x5410), __byte_perm(w8, w9, 0x7632)};
+#pragma unroll
+        for (int tt = 0; tt < kTokenTiles; ++tt) {
+          if (8 * tt < p.m) E::Mma(acc[c][i][tt], a, s.x[tt][0], s.x[tt][1]);
+        }
+      }
+    }
+  };
+
+  const int steps = static_cast<int>((p.k + kGemvMmaRows - 1) / kGemvMmaRows);
+  const int first = blockIdx.x * p.steps_per_split;
+  const int last = min(steps, first + p.steps_per_split);
+  int step = first + warp;
+  for (; step + (kUnroll - 1) * kGemvWarps < last; step += kUnroll * kGemvWarps) {
+    GemvMmaStep<kChunks, kTokenTiles> s[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load(step + u * kGemvWarps, s[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) multiply(s[u]);
+  }
+  for (; step < last; step += kGemvWarps) {
+    GemvMmaStep<kChunks, kTokenTiles> s;
+    load(step, s);
+    multiply(s);
+  }
+
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int tt = 0; tt < kTokenTiles; ++tt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int column = 64 * c + 8 * group + 2 * i + j / 2;
+          const int token = 8 * tt + 2 * quad + j % 2;
+          shared[(warp * kTokens + token) * kColumns + column] = acc[c][i][tt][j];
+        }
+
+  // 2. and 3. as in the CUDA-core form, over (token, column) items: the warps' sums in warp
+  // order, then the cluster's in rank order by CTA 0, which pairs gate with up and stores.
+  namespace cg = cooperative_groups;
+  const int tokens = min(p.m, kTokens);
+  __syncthreads();
+  for (int item = threadIdx.x; item < tokens * kColumns; item += kGemvThreads) {
+    float v = shared[item];  // warp 0's slot of the item
+#pragma unroll
+    for (int w = 1; w < kGemvWarps; ++w) v += shared[w * kTokens * kColumns + item];
+    shared[item] = v;
+  }
+  if (gridDim.x > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every CTA's sums are written and visible to the cluster
+    if (blockIdx.x == 0) {
+      for (int item = threadIdx.x; item < tokens * kColumns; item += kGemvThreads) {
+        float v = shared[item];
+        for (unsigned r = 1; r < gridDim.x; ++r) v += cluster.map_shared_rank(shared, r)[item];
+        shared[item] = v;
+      }
+    }
+    cluster.sync();  // the peers' shared memory stays valid until CTA 0 has read it
+    if (blockIdx.x != 0) return;
+  } else {
+    __syncthreads();
+  }
+  auto* out = static_cast<typename E::type*>(p.out);
+  constexpr int kOutputs = kColumns / 2;
+  for (int item = threadIdx.x; item < tokens * kOutputs; item += kGemvThreads) {
+    const int t = item / kOutputs, o = item % kOutputs;
+    const int pair = o / kGateUpBlock, position = o % kGateUpBlock;
+    const int j = position / 8, q = (position % 8) / 2, e = position % 2;
+    const int64_t n = int64_t(blockIdx.y) * kOutputs + pair * kGateUpBlock + 8 * q + 2 * j + e;
+    if (n >= p.n) continue;
+    const float gate = shared[t * kColumns + 2 * kGateUpBlock * pair + position];
+    const float up = shared[t * kColumns + 2 * kGateUpBlock * pair + kGateUpBlock + position];
+    out[int64_t(t) * p.n + n] = E::Round(Activate<kActivation, false>(gate) * up);
+  }
+}
+
+// Every warp's fp32 sums of every token and packed column of the CTA.
 template <int ConfigId>
 constexpr int GemvSharedBytes() {
-  return kGemvWarps * kGemvConfigs[ConfigId].tile_m * kGemvColumns * static_cast<int>(sizeof(float));
+  constexpr KernelConfig config = kGemvConfigs[ConfigId];
+  return kGemvWarps * config.tile_m * config.tile_n * static_cast<int>(sizeof(float));
 }
 
 // Why `p` cannot run on gemv config `ConfigId`, or "" if it can.
@@ -238,14 +427,14 @@ std::string GemvLaunchError(const SwigluProblem& p) {
   if (p.k % kGemvRows != 0 || p.n_packed % kGateUpBlock != 0) {
     return name + " needs K and N to be multiples of 8 (got K=" + std::to_string(p.k) + ")";
   }
-  const int steps = static_cast<int>(p.k / kGemvRows);
+  const int steps = static_cast<int>((p.k + config.tile_k - 1) / config.tile_k);
   if (p.splits != 1 && p.splits != 2 && p.splits != 4 && p.splits != kGemvMaxSplits) {
     return name + " splits K over a cluster of 1, 2, 4 or 8 CTAs (got splits=" +
            std::to_string(p.splits) + ")";
   }
   if (p.splits > steps) {
     return name + " cannot split K=" + std::to_string(p.k) + " " + std::to_string(p.splits) +
-           " ways (8 rows per split at least)";
+           " ways (a step of " + std::to_string(config.tile_k) + " rows per split at least)";
   }
   for (const void* ptr : {p.x, p.packed, static_cast<const void*>(p.out)}) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return name + " needs 16-byte aligned buffers";
@@ -253,32 +442,42 @@ std::string GemvLaunchError(const SwigluProblem& p) {
   return {};
 }
 
+// The kernel of gemv config `ConfigId`: its form, with the row's tokens and columns.
 template <int ConfigId, class ElementTag, Activation kActivation>
-std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream) {
+constexpr auto GemvKernelOf() {
   constexpr KernelConfig config = kGemvConfigs[ConfigId];
-  if (std::string err = GemvLaunchError<ConfigId>(p); !err.empty()) return err;
-  auto* kernel = GemvSwigluKernel<config.tile_m, ElementTag, kActivation>;
-  constexpr int kShared = GemvSharedBytes<ConfigId>();
-  if constexpr (kShared > 48 * 1024) {
-    // Above the default limit the kernel must opt in, once per device (a host call kept out
-    // of the per-call path).
-    static std::mutex mutex;
-    static std::set<int> done;
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!done.count(facts.device)) {
+  if constexpr (config.schedule == Schedule::MmaSync) {
+    return GemvMmaKernel<config.tile_m / 8, config.tile_n / 64, ElementTag, kActivation>;
+  } else {
+    return GemvSwigluKernel<config.tile_m, ElementTag, kActivation>;
+  }
+}
+
+// Launches `kernel`, a gemv form whose CTAs hold `shared_bytes` of shared memory and own
+// `columns` packed columns in steps of `rows` rows of K, over `p` (checked by the caller):
+// the grid is (splits, column blocks), one cluster per column block. Above the default
+// shared-memory limit the kernel opts in once per device (`opted_in`, under `opt_in_mutex`:
+// a host call kept out of the per-call path).
+template <class Kernel>
+std::string LaunchGemvGrid(Kernel* kernel, int shared_bytes, int columns, int rows,
+                           const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream,
+                           std::mutex& opt_in_mutex, std::set<int>& opted_in) {
+  if (shared_bytes > 48 * 1024) {
+    std::lock_guard<std::mutex> lock(opt_in_mutex);
+    if (!opted_in.count(facts.device)) {
       if (cudaError_t err = cudaFuncSetAttribute(
-              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared);
+              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
           err != cudaSuccess) {
         return std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(err);
       }
-      done.insert(facts.device);
+      opted_in.insert(facts.device);
     }
   }
-  const int steps = static_cast<int>(p.k / kGemvRows);
+  const int steps = static_cast<int>((p.k + rows - 1) / rows);
   GemvParams params{p.x, p.packed, p.out, static_cast<int>(p.m), static_cast<int>(p.n),
                     static_cast<int>(p.k), static_cast<int>(2 * p.n_packed),
                     (steps + p.splits - 1) / p.splits};
-  const int column_blocks = static_cast<int>((2 * p.n_packed + kGemvColumns - 1) / kGemvColumns);
+  const int column_blocks = static_cast<int>((2 * p.n_packed + columns - 1) / columns);
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = p.splits;
@@ -287,7 +486,7 @@ std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStr
   cudaLaunchConfig_t launch{};
   launch.gridDim = dim3(p.splits, column_blocks, 1);
   launch.blockDim = dim3(kGemvThreads, 1, 1);
-  launch.dynamicSmemBytes = kShared;
+  launch.dynamicSmemBytes = shared_bytes;
   launch.stream = stream;
   launch.attrs = &cluster;
   launch.numAttrs = p.splits > 1 ? 1 : 0;
@@ -295,6 +494,20 @@ std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStr
     return std::string("gemv kernel launch failed: ") + cudaGetErrorString(err);
   }
   return {};
+}
+
+template <int ConfigId, class ElementTag, Activation kActivation>
+std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream) {
+  constexpr KernelConfig config = kGemvConfigs[ConfigId];
+  static_assert(config.schedule == Schedule::MmaSync ||
+                    (config.tile_n == kGemvColumns && config.tile_k == kGemvRows),
+                "the CUDA-core form's CTA is one warp's row of loads, 8 rows a step");
+  if (std::string err = GemvLaunchError<ConfigId>(p); !err.empty()) return err;
+  static std::mutex opt_in_mutex;
+  static std::set<int> opted_in;
+  return LaunchGemvGrid(GemvKernelOf<ConfigId, ElementTag, kActivation>(),
+                        GemvSharedBytes<ConfigId>(), config.tile_n, config.tile_k, p, facts,
+                        stream, opt_in_mutex, opted_in);
 }
 
 // The gemv kernel needs no workspace.

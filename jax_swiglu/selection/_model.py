@@ -122,7 +122,7 @@ def rounds(config, splits: int, problem: Problem, sm_count: int) -> float:
 def gemv_us(config, splits: int, problem: Problem, sm_count: int,
             dram_bytes_per_s: float) -> float:
     """Predicted GPU time (us) of the gemv kernel with K split over ``splits`` CTAs: the
-    larger of the FMA issue and the weight stream. Every CTA streams the same share of the
+    larger of the FMA issue (the CUDA-core form) and the weight stream. Every CTA streams the same share of the
     weights; the SMs hold ``config.ctas_per_sm`` at once, so the CTAs run in waves: a full
     wave streams at the DRAM rate, and a last, partial one at the DRAM rate or, where few
     CTAs are left, at what the SM with the most of them can pull (at most
@@ -137,8 +137,10 @@ def gemv_us(config, splits: int, problem: Problem, sm_count: int,
         stream_s += max(last_wave * cta_bytes / dram_bytes_per_s,
                         _ceil(last_wave, sm_count) * cta_bytes / sm_rate)
     stream_s += problem.element_bytes * problem.m * (problem.k + problem.n) / dram_bytes_per_s
-    fma_s = (GEMV_ISSUE_PER_FMA * problem.m * problem.k * problem.packed
-             / (GEMV_FMA_PER_SM_PER_S * sm_count))
+    fma_s = 0.0
+    if config.schedule == "cuda-cores":  # the mma.sync form's multiply is a few instructions
+        fma_s = (GEMV_ISSUE_PER_FMA * problem.m * problem.k * problem.packed
+                 / (GEMV_FMA_PER_SM_PER_S * sm_count))
     return LAUNCH_US + 1e6 * max(fma_s, stream_s)
 
 

@@ -1,9 +1,10 @@
-"""The CUDA-core gemv kernel (ffi/kernels/gemv_kernel.cuh) on an SM90 GPU.
+"""The gemv kernel (ffi/kernels/gemv_kernel.cuh, both forms: CUDA cores and mma.sync) on an
+SM90 GPU.
 
 Every compiled gemv config at every split of K (a cluster of 1, 2, 4 or 8 CTAs) runs the
 tokens it is built for, against the same fp32 reference and criterion as test_kernels.py
-(zero elements off), in both dtypes and activations; it is bitwise deterministic over 100
-calls and across recompiles; and M beyond a config's tokens is refused at trace time.
+(zero elements off), in both dtypes and activations; each form is bitwise deterministic over
+100 calls and across recompiles; and M beyond a config's tokens is refused at trace time.
 """
 
 import jax
@@ -18,14 +19,20 @@ from test_kernels import _errors, _fused, _inputs, _record
 
 GEMV = jax_swiglu.kernel_configs().get("gemv", {})
 # (K, N): a 7B-sized MLP (2N = 22016: 86 CTAs of 256 packed columns, the last whole), a small
-# one (the last CTA a quarter full), K not a multiple of 64 nor of 8 splits' steps, N not a
-# multiple of 32 (padded), and K of one 8-row step (no split possible).
+# one (the last CTA a quarter full; for 128-column CTAs, half), K not a multiple of 64 nor of
+# 8 splits' steps, and for the mma.sync form not of its 16-row step, N not a multiple of 32
+# (padded), and K of one 8-row step (no split possible).
 SHAPES = [(4096, 11008), (896, 4864), (1000, 200), (136, 72), (8, 40)]
 
 
 def _tokens(config):
-    """M values a config runs: its most, and those below it down to the next config's."""
-    smaller = [c.tile_m for c in GEMV.values() if c.tile_m < config.tile_m]
+    """M values a config runs. A CUDA-core row (one of a ladder of token counts): its most,
+    and those below it down to the next row's. An mma.sync row (any M up to its token
+    tiles): one token, a few, and each tile's last and first."""
+    if config.schedule == "mma-sync":
+        return sorted({1, 3, 7, 8, 9, 15, 16} & set(range(1, config.tile_m + 1)))
+    smaller = [c.tile_m for c in GEMV.values()
+               if c.schedule == config.schedule and c.tile_m < config.tile_m]
     low = max(smaller, default=0) + 1
     return sorted({low, (low + config.tile_m) // 2, config.tile_m})
 
@@ -67,12 +74,22 @@ def test_dtypes_and_activations(dtype, activation, key, monkeypatch, request):
         _check(config.id, 4, config.tile_m, 1536, 8960, key, monkeypatch, dtype, activation)
 
 
+def _widest_of_each_form():
+    """The config of each form (CUDA cores, mma.sync) with the most tokens."""
+    widest = {}
+    for c in GEMV.values():
+        if c.tile_m > widest.get(c.schedule, (0, None))[0]:
+            widest[c.schedule] = (c.tile_m, c.id)
+    return [config_id for _, config_id in widest.values()]
+
+
+@pytest.mark.parametrize("config_id", _widest_of_each_form())
 @pytest.mark.parametrize("splits", [1, 8])
-def test_bitwise_deterministic(splits, key, monkeypatch, request):
+def test_bitwise_deterministic(config_id, splits, key, monkeypatch, request):
     """Fixed-order sums (thread, warps, then the cluster's CTAs in rank order): the same bits
     over 100 calls and after a recompile."""
     request.addfinalizer(jax.clear_caches)
-    config = max(GEMV.values(), key=lambda c: c.tile_m)
+    config = GEMV[config_id]
     first = np.asarray(_check(config.id, splits, config.tile_m, 4096, 11008, key, monkeypatch))
     x, _, _, data = _inputs(key, config.tile_m, 4096, 11008, jnp.dtype(jnp.bfloat16))
     call = jax.jit(lambda x, p: swiglu(x, p, kernel="gemv"))

@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -96,7 +97,9 @@ struct Buffers {
   uint16_t* out = nullptr;
   Buffers(int k_, int n_)
       : k(k_), n(n_), n_packed((n_ + 31) / 32 * 32), inputs(kMaxTokens, k_, 2 * n_packed) {
-    CHECK_CUDA(cudaMalloc(&out, size_t(kMaxTokens) * 2 * n_packed * sizeof(uint16_t)));
+    // The product's [M, N], or a stream-only form's word per thread (64-column CTAs, 8 splits).
+    CHECK_CUDA(cudaMalloc(&out, std::max(size_t(kMaxTokens) * 2 * n_packed * sizeof(uint16_t),
+                                         size_t(2 * n_packed) / 64 * 8 * 256 * sizeof(uint32_t))));
   }
   ~Buffers() { CHECK_CUDA(cudaFree(out)); }
   SwigluProblem Problem(int set, int m, int splits) const {
