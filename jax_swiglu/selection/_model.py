@@ -122,10 +122,10 @@ def rounds(config, splits: int, problem: Problem, sm_count: int) -> float:
 def gemv_us(config, splits: int, problem: Problem, sm_count: int,
             dram_bytes_per_s: float) -> float:
     """Predicted GPU time (us) of the gemv kernel with K split over ``splits`` CTAs: the
-    larger of the FMA issue (the CUDA-core form) and the weight stream. Every CTA streams the same share of the
-    weights; the SMs hold ``config.ctas_per_sm`` at once, so the CTAs run in waves: a full
-    wave streams at the DRAM rate, and a last, partial one at the DRAM rate or, where few
-    CTAs are left, at what the SM with the most of them can pull (at most
+    larger of the FMA issue (the CUDA-core form) and the weight stream. Every CTA streams
+    the same share of the weights; the SMs hold ``config.ctas_per_sm`` at once, so the CTAs
+    run in waves: a full wave streams at the DRAM rate, and a last, partial one at the DRAM
+    rate or, where few CTAs are left, at what the SM with the most of them can pull (at most
     GEMV_SM_BANDWIDTH_FACTOR times its even share)."""
     ctas = _ceil(problem.packed, config.tile_n) * splits
     slots = sm_count * config.ctas_per_sm
