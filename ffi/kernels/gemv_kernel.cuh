@@ -128,13 +128,74 @@ __device__ __forceinline__ void AccumulateStep(const GemvParams& p, const uint4*
   }
 }
 
+// Steps 2 and 3 and the store, for either form: `shared` holds every warp's fp32 sums as
+// [warp][token][column] (kTokens token slots, kColumns packed columns; written before the
+// call). The thread that owns a column adds the warps' sums in warp order, CTA 0 of the
+// cluster (`split` of `splits`) adds the other CTAs' in rank order, and it pairs each gate
+// sum with its up sum, applies the activation in fp32 and rounds once.
+template <int kTokens, int kColumns, class Tag, Activation kActivation>
+__device__ __forceinline__ void GemvReduceAndStore(const GemvParams& p, float* shared, int split,
+                                                   int splits) {
+  using E = GemvElement<Tag>;
+  namespace cg = cooperative_groups;
+  static_assert(kColumns <= kGemvThreads, "at most one column per thread in the reduction");
+  __syncthreads();
+  const int c = threadIdx.x;
+  // (Threads past the CTA's columns, where it has fewer than threads, only store.)
+  const bool owns_column = kColumns == kGemvThreads || c < kColumns;
+  if (owns_column) {
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      float v = shared[t * kColumns + c];
+#pragma unroll
+      for (int w = 1; w < kGemvWarps; ++w) v += shared[(w * kTokens + t) * kColumns + c];
+      shared[t * kColumns + c] = v;
+    }
+  }
+
+  if (splits > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every CTA's sums are written and visible to the cluster
+    if (split == 0 && owns_column) {
+      float v[kTokens];
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) v[t] = shared[t * kColumns + c];
+      for (int r = 1; r < splits; ++r) {
+        const float* peer = cluster.map_shared_rank(shared, r);
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t) v[t] += peer[t * kColumns + c];
+      }
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) shared[t * kColumns + c] = v[t];
+    }
+    cluster.sync();  // the peers' shared memory stays valid until CTA 0 has read it
+    if (split != 0) return;
+  } else {
+    __syncthreads();
+  }
+
+  // Pairs: packed column 64 b + i (i < 32) is gate, 64 b + 32 + i its up; run position i
+  // = 8 j + 2 q + e holds the run's column 8 q + 2 j + e (the quad transpose).
+  auto* out = static_cast<typename E::type*>(p.out);
+  constexpr int kOutputs = kColumns / 2;
+  for (int item = threadIdx.x; item < kTokens * kOutputs; item += kGemvThreads) {
+    const int t = item / kOutputs, o = item % kOutputs;
+    const int pair = o / kGateUpBlock, position = o % kGateUpBlock;
+    const int j = position / 8, q = (position % 8) / 2, e = position % 2;
+    const int64_t n = int64_t(blockIdx.y) * kOutputs + pair * kGateUpBlock + 8 * q + 2 * j + e;
+    if (t >= p.m || n >= p.n) continue;
+    const float gate = shared[t * kColumns + 2 * kGateUpBlock * pair + position];
+    const float up = shared[t * kColumns + 2 * kGateUpBlock * pair + kGateUpBlock + position];
+    out[int64_t(t) * p.n + n] = E::Round(Activate<kActivation, false>(gate) * up);
+  }
+}
+
 // Two CTAs per SM (128 registers a thread) where the sums leave room: more bytes in flight.
 constexpr int GemvMinBlocks(int tokens) { return tokens <= 4 ? 2 : 1; }
 
 template <int kTokens, class Tag, Activation kActivation>
 __global__ void __launch_bounds__(kGemvThreads, GemvMinBlocks(kTokens)) GemvSwigluKernel(GemvParams p) {
   using E = GemvElement<Tag>;
-  namespace cg = cooperative_groups;
   extern __shared__ float4 gemv_shared[];
   // [warp][token][column] partial sums; after step 2, warp 0's rows hold the CTA's sums.
   float* shared = reinterpret_cast<float*>(gemv_shared);
@@ -191,53 +252,7 @@ __global__ void __launch_bounds__(kGemvThreads, GemvMinBlocks(kTokens)) GemvSwig
     row[0] = make_float4(sums[t][0], sums[t][1], sums[t][2], sums[t][3]);
     row[1] = make_float4(sums[t][4], sums[t][5], sums[t][6], sums[t][7]);
   }
-  __syncthreads();
-  const int c = threadIdx.x;  // kGemvThreads == kGemvColumns: one column per thread
-  static_assert(kGemvThreads == kGemvColumns, "one thread per column in the reduction");
-#pragma unroll
-  for (int t = 0; t < kTokens; ++t) {
-    float v = shared[t * kGemvColumns + c];
-#pragma unroll
-    for (int w = 1; w < kGemvWarps; ++w) v += shared[(w * kTokens + t) * kGemvColumns + c];
-    shared[t * kGemvColumns + c] = v;
-  }
-
-  // 3. The splits' sums, added in rank order by CTA 0 of the cluster.
-  if (splits > 1) {
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every CTA's sums are written and visible to the cluster
-    if (split == 0) {
-      float v[kTokens];
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) v[t] = shared[t * kGemvColumns + c];
-      for (int r = 1; r < splits; ++r) {
-        const float* peer = cluster.map_shared_rank(shared, r);
-#pragma unroll
-        for (int t = 0; t < kTokens; ++t) v[t] += peer[t * kGemvColumns + c];
-      }
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) shared[t * kGemvColumns + c] = v[t];
-    }
-    cluster.sync();  // the peers' shared memory stays valid until CTA 0 has read it
-    if (split != 0) return;
-  } else {
-    __syncthreads();
-  }
-
-  // Pairs: packed column 64 b + i (i < 32) is gate, 64 b + 32 + i its up; run position i
-  // = 8 j + 2 q + e holds the run's column 8 q + 2 j + e (the quad transpose).
-  auto* out = static_cast<typename E::type*>(p.out);
-  constexpr int kOutputs = kGemvColumns / 2;
-  for (int item = threadIdx.x; item < kTokens * kOutputs; item += kGemvThreads) {
-    const int t = item / kOutputs, o = item % kOutputs;
-    const int pair = o / kGateUpBlock, position = o % kGateUpBlock;
-    const int j = position / 8, q = (position % 8) / 2, e = position % 2;
-    const int64_t n = int64_t(blockIdx.y) * kOutputs + pair * kGateUpBlock + 8 * q + 2 * j + e;
-    if (t >= p.m || n >= p.n) continue;
-    const float gate = shared[t * kGemvColumns + 2 * kGateUpBlock * pair + position];
-    const float up = shared[t * kGemvColumns + 2 * kGateUpBlock * pair + kGateUpBlock + position];
-    out[int64_t(t) * p.n + n] = E::Round(Activate<kActivation, false>(gate) * up);
-  }
+  GemvReduceAndStore<kTokens, kGemvColumns, Tag, kActivation>(p, shared, split, splits);
 }
 
 // The tensor-core form (MmaSync rows): mma.sync m16n8k16 with 16 packed columns on its M
@@ -368,44 +383,7 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvMmaKernel(GemvPa
           shared[(warp * kTokens + token) * kColumns + column] = acc[c][i][tt][j];
         }
 
-  // 2. and 3. as in the CUDA-core form, over (token, column) items: the warps' sums in warp
-  // order, then the cluster's in rank order by CTA 0, which pairs gate with up and stores.
-  namespace cg = cooperative_groups;
-  const int tokens = min(p.m, kTokens);
-  __syncthreads();
-  for (int item = threadIdx.x; item < tokens * kColumns; item += kGemvThreads) {
-    float v = shared[item];  // warp 0's slot of the item
-#pragma unroll
-    for (int w = 1; w < kGemvWarps; ++w) v += shared[w * kTokens * kColumns + item];
-    shared[item] = v;
-  }
-  if (gridDim.x > 1) {
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every CTA's sums are written and visible to the cluster
-    if (blockIdx.x == 0) {
-      for (int item = threadIdx.x; item < tokens * kColumns; item += kGemvThreads) {
-        float v = shared[item];
-        for (unsigned r = 1; r < gridDim.x; ++r) v += cluster.map_shared_rank(shared, r)[item];
-        shared[item] = v;
-      }
-    }
-    cluster.sync();  // the peers' shared memory stays valid until CTA 0 has read it
-    if (blockIdx.x != 0) return;
-  } else {
-    __syncthreads();
-  }
-  auto* out = static_cast<typename E::type*>(p.out);
-  constexpr int kOutputs = kColumns / 2;
-  for (int item = threadIdx.x; item < tokens * kOutputs; item += kGemvThreads) {
-    const int t = item / kOutputs, o = item % kOutputs;
-    const int pair = o / kGateUpBlock, position = o % kGateUpBlock;
-    const int j = position / 8, q = (position % 8) / 2, e = position % 2;
-    const int64_t n = int64_t(blockIdx.y) * kOutputs + pair * kGateUpBlock + 8 * q + 2 * j + e;
-    if (n >= p.n) continue;
-    const float gate = shared[t * kColumns + 2 * kGateUpBlock * pair + position];
-    const float up = shared[t * kColumns + 2 * kGateUpBlock * pair + kGateUpBlock + position];
-    out[int64_t(t) * p.n + n] = E::Round(Activate<kActivation, false>(gate) * up);
-  }
+  GemvReduceAndStore<kTokens, kColumns, Tag, kActivation>(p, shared, blockIdx.x, gridDim.x);
 }
 
 // Every warp's fp32 sums of every token and packed column of the CTA.
