@@ -106,9 +106,10 @@
   X(2, CudaCores, Weights, 4, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)    \
   X(3, CudaCores, Weights, 8, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)    \
   X(4, MmaSync, Weights, 8, 128, 16, 1, 1, ClusterSplitK, DirectStore, 1, Optional)   \
-  X(5, MmaSync, Weights, 16, 128, 16, 1, 1, ClusterSplitK, DirectStore, 1, Optional)
+  X(5, MmaSync, Weights, 16, 128, 16, 1, 1, ClusterSplitK, DirectStore, 1, Optional)  \
+  X(6, MmaSync, Weights, 32, 64, 16, 1, 1, ClusterSplitK, DirectStore, 1, Optional)
 
-#define JAX_SWIGLU_NUM_GEMV_CONFIGS 6
+#define JAX_SWIGLU_NUM_GEMV_CONFIGS 7
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
@@ -228,8 +229,8 @@ static_assert(Fp8RowsAreValid(kFp8Configs), "an fp8 row the kernel cannot build"
 
 // The gemv rows: a cluster split of K and a direct store, and either CUDA cores (a warp's row
 // of 16-byte loads per CTA, 8-row steps, at most 8 tokens: their sums take 8 registers each
-// per thread) or mma.sync (whole 64-column chunks per thread row, 16-row steps, one or two
-// token tiles of 8); the wgmma kernels run nothing of this form.
+// per thread) or mma.sync (whole 64-column chunks per thread row, 16-row steps, one, two or
+// four token tiles of 8); the wgmma kernels run nothing of this form.
 constexpr bool IsGemvSchedule(Schedule s) {
   return s == Schedule::CudaCores || s == Schedule::MmaSync;
 }
@@ -239,7 +240,8 @@ constexpr bool GemvRowsAreValid(const KernelConfig (&table)[N]) {
     const KernelConfig& c = table[i];
     const bool cuda_cores = c.schedule == Schedule::CudaCores && c.tile_m >= 1 &&
                             c.tile_m <= 8 && c.tile_n == 256 && c.tile_k == 8;
-    const bool mma = c.schedule == Schedule::MmaSync && (c.tile_m == 8 || c.tile_m == 16) &&
+    const bool mma = c.schedule == Schedule::MmaSync &&
+                     (c.tile_m == 8 || c.tile_m == 16 || c.tile_m == 32) &&
                      c.tile_n % 64 == 0 && c.tile_n >= 64 && c.tile_n <= 256 && c.tile_k == 16;
     if (!(cuda_cores || mma) || c.m_side != MmaMSide::Weights || c.cluster_m != 1 ||
         c.cluster_n != 1 || c.scheduler != TileScheduler::ClusterSplitK ||

@@ -280,8 +280,8 @@ struct GemvMmaStep {
   uint32_t x[kTokenTiles][2];  // a token's rows 2 q, 2 q + 1, and 2 q + 8, 2 q + 9
 };
 
-// Two token tiles keep twice the accumulators: one step in flight instead of two, so both
-// forms fit two CTAs an SM (128 registers a thread).
+// More token tiles keep more accumulators: one step in flight instead of two, so every row
+// fits two CTAs an SM (128 registers a thread; the 32-token row owns 64 columns for that).
 constexpr int GemvMmaUnroll(int token_tiles) { return token_tiles == 1 ? 2 : 1; }
 
 // kUnroll and kMinBlocks are the rows' (GemvMmaUnroll, two CTAs an SM); the research probe
@@ -305,7 +305,9 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvMmaKernel(GemvPa
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     has[c] = block_column + 64 * c < p.packed_columns;
-    chunk[c] = packed + block_column + 64 * c + 8 * group + int64_t(2 * quad) * p.packed_columns;
+    chunk[c] = has[c] ? packed + block_column + 64 * c + 8 * group +
+                            int64_t(2 * quad) * p.packed_columns
+                      : packed;  // never read
   }
   bool has_token[kTokenTiles];
   const uint16_t* token_row[kTokenTiles];
@@ -403,7 +405,8 @@ std::string GemvLaunchError(const SwigluProblem& p) {
            std::to_string(p.m) + ")";
   }
   if (p.k % kGemvRows != 0 || p.n_packed % kGateUpBlock != 0) {
-    return name + " needs K and N to be multiples of 8 (got K=" + std::to_string(p.k) + ")";
+    return name + " needs K a multiple of 8 and the padded N a multiple of 32 (got K=" +
+           std::to_string(p.k) + ", N'=" + std::to_string(p.n_packed) + ")";
   }
   const int steps = static_cast<int>((p.k + config.tile_k - 1) / config.tile_k);
   if (p.splits != 1 && p.splits != 2 && p.splits != 4 && p.splits != kGemvMaxSplits) {

@@ -60,7 +60,8 @@ Form CudaCores() {
 std::vector<Form> Forms() {
   return {CudaCores<0>(), CudaCores<1>(), CudaCores<2>(), CudaCores<3>(),
           Mma<1, 2, 2, 1>(), Mma<1, 2, 2, 2>(), Mma<1, 2, 4, 1>(), Mma<1, 4, 2, 1>(),
-          Mma<1, 1, 4, 2>(), Mma<2, 2, 2, 1>(), Mma<2, 2, 1, 2>(),
+          Mma<1, 1, 4, 2>(), Mma<2, 2, 2, 1>(), Mma<2, 2, 1, 2>(), Mma<4, 1, 1, 2>(),
+          Mma<4, 2, 1, 1>(),
           StreamOnly<2, 2, 2>(), StreamOnly<4, 2, 1>()};
 }
 
@@ -89,7 +90,7 @@ int64_t PackedColumn(int64_t n, bool up) {
 
 constexpr int kReps = 20;
 constexpr int kRounds = 7;
-constexpr int kMaxTokens = 16;
+constexpr int kMaxTokens = 32;
 
 struct Buffers {
   int k, n, n_packed;
