@@ -293,9 +293,9 @@ ffi::Error SwigluFp8(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::Dat
   problem.x_scale = x_scale.typed_data();
   problem.w_scale = w_scale.typed_data();
   problem.w_scale_stride = w_scales == 1 ? 0 : 1;
-  if (promotion < 4 || promotion > 64 || promotion % 4 != 0) {
-    return ffi::Error::InvalidArgument("jax_swiglu fp8: promotion must be a multiple of 4 in "
-                                       "4..64; got " + std::to_string(promotion));
+  if (promotion < 2 || promotion > 64 || promotion % 2 != 0) {
+    return ffi::Error::InvalidArgument("jax_swiglu fp8: promotion must be even, in 2..64; got " +
+                                       std::to_string(promotion));
   }
   problem.fp8_promotion = static_cast<int>(promotion);
   if (workspace.has_value()) {

@@ -78,19 +78,27 @@
 
 // Interleaved kernel on fp8 (e4m3) operands: x quantized per row, the packed weights K-major
 // ([2 N_pad, K], jax_swiglu/_quantize.py), since SM90's fp8 wgmma reads both operands
-// K-major; CUTLASS's fp8 mainloop (fp32 accumulators promoted every k tile, not the fast
-// accumulation); the epilogue multiplies each fp32 accumulator by its token's and its packed
-// column's scale before the activation, and rounds once to the output dtype (bfloat16 or
-// float16: one translation unit each). tile_k counts fp8 elements (128 bytes a row). The
-// promoted accumulators take twice the registers of the bf16 kernel's, so a math warpgroup's
-// share of a tile is at most 64 x 128 (a 128 x 256 cooperative tile spills).
-#define JAX_SWIGLU_FP8_CONFIGS(X)                                                    \
-  X(0, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Always) \
-  X(1, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)    \
-  X(2, Cooperative, Weights, 16, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)    \
-  X(3, Cooperative, Weights, 64, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)
+// K-major; CUTLASS's fp8 mainloop (fp32 accumulators promoted out of the tensor cores every
+// k tile by default, not the fast accumulation); the epilogue multiplies each fp32
+// accumulator by its token's and its packed column's scale before the activation, and rounds
+// once to the output dtype (bfloat16 or float16: one translation unit each). tile_k counts
+// fp8 elements (64 or 128 bytes a row; a promotion interval is a multiple of a k tile's
+// wgmma, tile_k / 32). The promoted accumulators take twice the registers of the bf16
+// kernel's, so a math warpgroup's share of a tile is at most 64 x 192 (a 128 x 256
+// cooperative tile, a 128 x 128 pingpong one and a 64 x 192 pingpong one spill). The
+// Optional rows are candidates not yet measured: a wider cooperative tile, the pingpong
+// schedule (one warpgroup's epilogue under the other's mainloop) and 64-deep k tiles, whose
+// promotion every 2 wgmma halves the products the tensor cores add at less than fp32.
+#define JAX_SWIGLU_FP8_CONFIGS(X)                                                     \
+  X(0, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Always)  \
+  X(1, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)     \
+  X(2, Cooperative, Weights, 16, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)     \
+  X(3, Cooperative, Weights, 64, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)     \
+  X(4, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
+  X(5, Pingpong, Tokens, 64, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional)     \
+  X(6, Cooperative, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Optional)
 
-#define JAX_SWIGLU_NUM_FP8_CONFIGS 4
+#define JAX_SWIGLU_NUM_FP8_CONFIGS 7
 
 // The GEMV for a few tokens (kernels/gemv_kernel.cuh): no wgmma, so no padding of the tokens
 // to a wgmma shape and no TMA or workspace around the weight stream. tile_m is the most
@@ -213,12 +221,14 @@ constexpr bool SwapAbRowsAreValid(const KernelConfig (&table)[N]) {
 static_assert(SwapAbRowsAreValid(kInterleavedConfigs) && SwapAbRowsAreValid(kFp8Configs),
               "a swap-AB row the kernel cannot build");
 
-// The fp8 rows: no split tail or bands (the plain tile orders), and a k tile of 128 bytes.
+// The fp8 rows: no split tail or bands (the plain tile orders), and a k tile of 64 or 128
+// bytes (two or four wgmma of 32).
 template <size_t N>
 constexpr bool Fp8RowsAreValid(const KernelConfig (&table)[N]) {
   for (size_t i = 0; i < N; ++i) {
     const KernelConfig& c = table[i];
-    if (c.scheduler == TileScheduler::SplitTail || c.m_bands != 1 || c.tile_k != 128 ||
+    if (c.scheduler == TileScheduler::SplitTail || c.m_bands != 1 ||
+        (c.tile_k != 64 && c.tile_k != 128) ||
         c.store != OutputStore::DirectStore) {
       return false;
     }

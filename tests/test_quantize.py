@@ -294,6 +294,44 @@ def test_bad_fp8_calls_are_refused(quantized):
 
 
 @requires_kernels
+def test_the_fp8_rule_picks_among_the_rows_every_build_compiles():
+    """Optional rows (candidates not yet measured; CI builds them) run only when forced."""
+    configs = jax_swiglu._native.fp8_configs()
+    for m in (1, 8, 16, 17, 64, 65, 300, 2048, 8192):
+        for n in (1024, 4864, 18944):
+            assert not _fp8.choose_fp8(m, n, 256, jnp.bfloat16).config.optional
+    always = {i: c for i, c in configs.items() if not c.optional}
+    assert _fp8.choose_fp8(2048, 4864, 256, jnp.bfloat16).config.id == _fp8.rule(
+        2048, 4864, 132, always)[0]
+
+
+@requires_kernels
+def test_a_forced_promotion_is_whole_k_tiles_of_the_config(monkeypatch):
+    """promotion=<p> counts wgmma of 32 of K: a multiple of the config's k tile (128: 4 of
+    them; 64: 2), or a clear error when the call is lowered."""
+    configs = jax_swiglu._native.fp8_configs()
+    deep = next(c for c in configs.values() if c.tile_k == 128)
+    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, f"{deep.id},promotion=2")
+    with pytest.raises(ValueError, match=f"fp8 config {deep.id} promotes after whole k tiles "
+                                         "of 4 wgmma"):
+        _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16)
+    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, f"{deep.id},promotion=8")
+    choice = _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16)
+    assert choice.ffi_attributes()["promotion"] == 8 and "promotion every 8" in choice.describe()
+    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, str(deep.id))
+    choice = _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16)
+    assert choice.ffi_attributes()["promotion"] == 4 and "promotion" not in choice.describe()
+    shallow = [c for c in configs.values() if c.tile_k == 64]
+    if not shallow:
+        pytest.skip("this build has no fp8 row of 64-deep k tiles (an Optional row)")
+    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, str(shallow[0].id))
+    assert _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16).ffi_attributes()["promotion"] == 2
+    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, f"{shallow[0].id},promotion=2")
+    choice = _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16)
+    assert choice.ffi_attributes()["promotion"] == 2 and "promotion" not in choice.describe()
+
+
+@requires_kernels
 @pytest.mark.parametrize("forced, match", [("9", "fp8 config"), ("0,promotion=5", "promotion"),
                                            ("0,splits=2", "promotion")])
 def test_a_bad_forced_fp8_launch_is_refused_when_lowered(forced, match, monkeypatch):

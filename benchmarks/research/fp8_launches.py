@@ -49,7 +49,8 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--out", default="fp8_launches.json")
     args = parser.parse_args(argv)
-    configs = args.configs if args.configs is not None else sorted(jax_swiglu._native.fp8_configs())
+    table = jax_swiglu._native.fp8_configs()
+    configs = args.configs if args.configs is not None else sorted(table)
     rows = []
     for model in args.models:
         k, n = _shapes.mlp_shape(model)
@@ -66,6 +67,8 @@ def main(argv=None):
             fns = {}
             for config in configs:
                 for promotion in args.promotions:
+                    if promotion % _fp8.tile_promotion(table[config]):
+                        continue  # not a whole number of this config's k tiles
                     fns[f"c{config}p{promotion}"] = _compiled(
                         lambda x_q, s, q: jax_swiglu.swiglu(x_q, q, x_scale=s), fp8_args,
                         f"{config},promotion={promotion}")

@@ -90,6 +90,13 @@ std::string LaunchFp8(const SwigluProblem& p, const DeviceFacts& facts, cudaStre
            std::to_string(p.splits) + ")";
   }
   if (p.x_scale == nullptr || p.w_scale == nullptr) return "fp8 kernel called without scales";
+  // CUTLASS promotes after whole k tiles: an interval of their wgmma (32 of K each).
+  constexpr int kWgmmaPerTile = config.tile_k / 32;
+  if (p.fp8_promotion % kWgmmaPerTile != 0) {
+    return "fp8 config " + std::to_string(ConfigId) + " promotes after whole k tiles of " +
+           std::to_string(kWgmmaPerTile) + " wgmma (got promotion=" +
+           std::to_string(p.fp8_promotion) + ")";
+  }
   return LaunchGemm<typename Assembly::Kernel>(Assembly::Arguments(p, facts), p, facts,
                                                dim3(config.cluster_m, config.cluster_n, 1),
                                                stream, "fp8 interleaved");

@@ -36,10 +36,17 @@ MANY_WAVES = 4
 K_MULTIPLE = 16
 # SMs assumed when lowering for CUDA with no GPU here (an H100 SXM or H200).
 DEFAULT_SM_COUNT = 132
-# wgmma instructions (32 of K each) between promotions of the tensor cores' fp8 accumulators
-# into fp32: CUTLASS's default, one per k tile of 128.
-PROMOTION = 4
-PROMOTIONS = (4, 8, 16)
+# Promotions of the tensor cores' fp8 accumulators into fp32 come after whole k tiles, counted
+# in wgmma instructions of WGMMA_K each: by default after every k tile (tile_promotion), or
+# after any multiple of it among PROMOTIONS (JAX_SWIGLU_CONFIG's promotion=).
+WGMMA_K = 32
+PROMOTIONS = (2, 4, 8, 16)
+
+
+def tile_promotion(config) -> int:
+    """The wgmma of one k tile of ``config``: its default promotion interval, and the unit of
+    any other."""
+    return config.tile_k // WGMMA_K
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,17 +57,19 @@ class Fp8Choice:
     target: str | None
     reason: str
     source: str = "fp8 rule"
-    promotion: int = PROMOTION
+    promotion: int | None = None  # wgmma between promotions; None: after every k tile
 
     def ffi_attributes(self) -> dict:
+        promotion = self.promotion or tile_promotion(self.config)
         return {"config": np.int64(self.config.id), "swizzle": np.int64(1),
                 "raster": np.int64(0), "splits": np.int64(1),
-                "promotion": np.int64(self.promotion)}
+                "promotion": np.int64(promotion)}
 
     def describe(self) -> str:
         if self.config is None:
             return f"xla (dequantized, fp32 reference; {self.source}: {self.reason})"
-        promotion = f", promotion every {self.promotion}" if self.promotion != PROMOTION else ""
+        promotion = (f", promotion every {self.promotion}"
+                     if self.promotion not in (None, tile_promotion(self.config)) else "")
         return (f"interleaved fp8 [{self.target}, config {self.config.id}: "
                 f"{self.config.describe()}{promotion}] ({self.source}: {self.reason})")
 
@@ -137,10 +146,13 @@ def choose_fp8(m: int, n: int, k: int, out_dtype, *, kernel: str = "auto",
                            "output")
     device = _engine.target_device()
     sm_count = device.sm_count if device is not None else DEFAULT_SM_COUNT
-    config_id, reason = rule(m, n, sm_count, configs)
+    # The rule picks among the rows every build compiles; the Optional ones (candidates not
+    # yet measured) run when JAX_SWIGLU_CONFIG names them.
+    config_id, reason = rule(m, n, sm_count,
+                             {i: c for i, c in configs.items() if not c.optional})
     by = "fp8 rule" if requested == "auto" else f"{source}, then the fp8 rule"
     forced = os.environ.get(CONFIG_ENV_VAR, "").strip()
-    promotion = PROMOTION
+    promotion = None
     if forced:
         config_text, *options = [part.strip() for part in forced.split(",")]
         usage = (f"{CONFIG_ENV_VAR}={forced!r}: with fp8 weights it is '<fp8 config>"
@@ -156,4 +168,8 @@ def choose_fp8(m: int, n: int, k: int, out_dtype, *, kernel: str = "auto",
             reason = f"forced; the fp8 rule said config {config_id}: {reason}"
             config_id = int(config_text)
         by = f"{CONFIG_ENV_VAR}={forced}"
+        unit = tile_promotion(configs[config_id])
+        if promotion is not None and promotion % unit:
+            raise ValueError(f"{usage}: fp8 config {config_id} promotes after whole k tiles of "
+                             f"{unit} wgmma, so promotion={promotion} cannot run on it")
     return Fp8Choice(configs[config_id], target, reason, by, promotion)
