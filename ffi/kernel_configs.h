@@ -87,8 +87,10 @@
 // kernel's, so a math warpgroup's share of a tile is at most 64 x 192 (a 128 x 256
 // cooperative tile, a 128 x 128 pingpong one and a 64 x 192 pingpong one spill). The
 // Optional rows are candidates not yet measured: a wider cooperative tile, the pingpong
-// schedule (one warpgroup's epilogue under the other's mainloop) and 64-deep k tiles, whose
-// promotion every 2 wgmma halves the products the tensor cores add at less than fp32.
+// schedule (one warpgroup's epilogue under the other's mainloop), 64-deep k tiles, whose
+// promotion every 2 wgmma halves the products the tensor cores add at less than fp32, and
+// the gemv kernel's fp8 form (MmaSync, ClusterSplitK: kernels/gemv_kernel.cuh, 8 or 16
+// tokens, 64 packed columns per CTA, 64 of K a warp step, promoted after every mma).
 #define JAX_SWIGLU_FP8_CONFIGS(X)                                                     \
   X(0, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Always)  \
   X(1, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)     \
@@ -96,9 +98,11 @@
   X(3, Cooperative, Weights, 64, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)     \
   X(4, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
   X(5, Pingpong, Tokens, 64, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional)     \
-  X(6, Cooperative, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Optional)
+  X(6, Cooperative, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Optional)  \
+  X(7, MmaSync, Weights, 8, 64, 64, 1, 1, ClusterSplitK, DirectStore, 1, Optional)      \
+  X(8, MmaSync, Weights, 16, 64, 64, 1, 1, ClusterSplitK, DirectStore, 1, Optional)
 
-#define JAX_SWIGLU_NUM_FP8_CONFIGS 7
+#define JAX_SWIGLU_NUM_FP8_CONFIGS 9
 
 // The GEMV for a few tokens (kernels/gemv_kernel.cuh): no wgmma, so no padding of the tokens
 // to a wgmma shape and no TMA or workspace around the weight stream. tile_m is the most
@@ -202,13 +206,18 @@ static_assert(ConfigIdsAreRowIndices(kInterleavedConfigs) &&
                   ConfigIdsAreRowIndices(kGemvConfigs),
               "config ids must be 0, 1, 2, ... in table order");
 
+// The gemv kernel's schedules (its CUDA-core and mma.sync forms), not wgmma ones.
+constexpr bool IsGemvSchedule(Schedule s) {
+  return s == Schedule::CudaCores || s == Schedule::MmaSync;
+}
+
 // The swap-AB rows: cooperative (CUTLASS's stream-K runs only there), one tile of packed
 // columns per two 64-row warpgroups, whole gate/up pairs per warpgroup, no cluster.
 template <size_t N>
 constexpr bool SwapAbRowsAreValid(const KernelConfig (&table)[N]) {
   for (size_t i = 0; i < N; ++i) {
     const KernelConfig& c = table[i];
-    if (c.m_side != MmaMSide::Weights) continue;
+    if (c.m_side != MmaMSide::Weights || IsGemvSchedule(c.schedule)) continue;
     if (c.schedule != Schedule::Cooperative || c.tile_n % 128 != 0 || c.tile_m % 8 != 0 ||
         c.tile_m > 64 || c.cluster_m != 1 || c.cluster_n != 1 ||
         c.scheduler == TileScheduler::SplitTail || c.store != OutputStore::DirectStore ||
@@ -222,14 +231,21 @@ static_assert(SwapAbRowsAreValid(kInterleavedConfigs) && SwapAbRowsAreValid(kFp8
               "a swap-AB row the kernel cannot build");
 
 // The fp8 rows: no split tail or bands (the plain tile orders), and a k tile of 64 or 128
-// bytes (two or four wgmma of 32).
+// bytes (two or four wgmma of 32); the gemv form's rows are mma.sync ones of 8 or 16 tokens
+// over 64-byte steps, whole 64-column chunks per CTA and a cluster split of K.
 template <size_t N>
 constexpr bool Fp8RowsAreValid(const KernelConfig (&table)[N]) {
   for (size_t i = 0; i < N; ++i) {
     const KernelConfig& c = table[i];
+    const bool gemv = c.scheduler == TileScheduler::ClusterSplitK;
     if (c.scheduler == TileScheduler::SplitTail || c.m_bands != 1 ||
-        (c.tile_k != 64 && c.tile_k != 128) ||
-        c.store != OutputStore::DirectStore) {
+        (c.tile_k != 64 && c.tile_k != 128) || c.store != OutputStore::DirectStore ||
+        gemv != IsGemvSchedule(c.schedule) || c.schedule == Schedule::CudaCores) {
+      return false;
+    }
+    if (gemv && (c.m_side != MmaMSide::Weights || (c.tile_m != 8 && c.tile_m != 16) ||
+                 c.tile_n % 64 != 0 || c.tile_n < 64 || c.tile_n > 256 || c.tile_k != 64 ||
+                 c.cluster_m != 1 || c.cluster_n != 1)) {
       return false;
     }
   }
@@ -241,9 +257,6 @@ static_assert(Fp8RowsAreValid(kFp8Configs), "an fp8 row the kernel cannot build"
 // of 16-byte loads per CTA, 8-row steps, at most 8 tokens: their sums take 8 registers each
 // per thread) or mma.sync (whole 64-column chunks per thread row, 16-row steps, one, two or
 // four token tiles of 8); the wgmma kernels run nothing of this form.
-constexpr bool IsGemvSchedule(Schedule s) {
-  return s == Schedule::CudaCores || s == Schedule::MmaSync;
-}
 template <size_t N>
 constexpr bool GemvRowsAreValid(const KernelConfig (&table)[N]) {
   for (size_t i = 0; i < N; ++i) {
@@ -272,8 +285,7 @@ constexpr bool UsesNoGemvColumns(const KernelConfig (&table)[N]) {
   return true;
 }
 static_assert(GemvRowsAreValid(kGemvConfigs), "a gemv row the kernel cannot build");
-static_assert(UsesNoGemvColumns(kInterleavedConfigs) && UsesNoGemvColumns(kPingpongConfigs) &&
-                  UsesNoGemvColumns(kFp8Configs),
-              "CudaCores, MmaSync and ClusterSplitK are the gemv kernel's alone");
+static_assert(UsesNoGemvColumns(kInterleavedConfigs) && UsesNoGemvColumns(kPingpongConfigs),
+              "CudaCores, MmaSync and ClusterSplitK are the gemv kernel's (and its fp8 form's)");
 
 }  // namespace jax_swiglu

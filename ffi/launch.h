@@ -47,7 +47,8 @@ struct SwigluProblem {
   int w_scale_stride = 1;
   // fp8 only: wgmma instructions (32 of K each) between two promotions of the tensor cores'
   // accumulators into the fp32 ones (CUTLASS's mma_promotion_interval; a multiple of the
-  // k tile's 4). The tensor cores accumulate fp8 products at reduced precision in between.
+  // k tile's, tile_k / 32). The tensor cores accumulate fp8 products at reduced precision in
+  // between. The gemv form promotes after every mma and does not read it.
   int fp8_promotion = 4;
 };
 

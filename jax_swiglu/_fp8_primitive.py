@@ -92,7 +92,7 @@ def _cuda_lowering(ctx, x_q, x_scale, data, scales, *, n, kernel, activation, ou
     attributes = choice.ffi_attributes()
     workspace = _native.workspace_bytes(
         "fp8", out_dtype, choice.config.id, m=m, n=n, n_packed=data_aval.shape[0] // 2, k=k,
-        swizzle=1, raster=0, splits=1, activation=activation)
+        swizzle=1, raster=0, splits=choice.splits, activation=activation)
     call = jax.ffi.ffi_lowering(choice.target)
     if not workspace:
         return call(ctx, x_q, x_scale, data, scales, **attributes)

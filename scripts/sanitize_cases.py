@@ -199,12 +199,19 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
                 if wanted(kernel, config)
                 for splits in configs[kernel][config].split_choices(min_k)]
     # The fp8 kernel's configs (SANITIZE_FP8_CONFIGS="2 3" limits them, "none" skips them),
-    # on the same x and weights quantized, checked against the fp8 spec.
+    # on the same x and weights quantized, checked against the fp8 spec; its gemv rows at
+    # their own M and every cluster size, as the gemv configs.
     fp8_only = os.environ.get("SANITIZE_FP8_CONFIGS", "").split()
-    fp8_configs = [] if fp8_only == ["none"] else [
-        c for c in sorted(jax_swiglu._native.fp8_configs()) if not fp8_only or str(c) in fp8_only]
+    fp8_table = jax_swiglu._native.fp8_configs()
+    fp8_launches = [] if fp8_only == ["none"] else [
+        (c, splits) for c in sorted(fp8_table) if not fp8_only or str(c) in fp8_only
+        for splits in (fp8_table[c].split_choices(min_k) if fp8_table[c].is_gemv else (1,))]
+
+    def fp8_ms(config):
+        c = fp8_table[config]
+        return [m for m in (GEMV_M if c.max_m is not None else m_values) if c.runs(m)]
     planned = (sum(len(ms(kernel, config)) for kernel, config, _ in launches)
-               + len(fp8_configs) * len(m_values)) * len(models)
+               + sum(len(fp8_ms(config)) for config, _ in fp8_launches)) * len(models)
     print(f"PLAN tool={tool} cases={planned}")
     cases = wrong = 0
     env = selection.CONFIG_ENV_VAR
@@ -239,8 +246,8 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
     fp8_fn = jax.jit(lambda poison, x, q: jax_swiglu.swiglu(x, q), donate_argnums=0,
                      keep_unused=True)
     quantized = {}
-    for config in fp8_configs:
-        os.environ[env] = str(config)
+    for config, splits in fp8_launches:
+        os.environ[env] = f"{config},splits={splits}" if fp8_table[config].is_gemv else str(config)
         jax.clear_caches()
         for model in models:
             k, n, x_all, packed, _ = data[model]
@@ -248,9 +255,10 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
                 gate, up = jax_swiglu._layout.split_gate_up(packed.astype(jnp.float32), n)
                 quantized[model] = jax_swiglu.quantize_weights(gate, up)
             q = quantized[model]
-            for m in m_values:
+            for m in fp8_ms(config):
                 cases += 1
-                label = f"tool={tool} kernel=fp8 config={config} {model} m={m} k={k} n={n}"
+                label = (f"tool={tool} kernel=fp8 config={config} splits={splits} {model} m={m} "
+                         f"k={k} n={n}")
                 print(f"CASE {label}")
                 start = time.time()
                 try:

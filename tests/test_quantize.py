@@ -5,6 +5,7 @@ Criterion, as the issue states it: no element more than 1 % + 1e-3 off
 ``swiglu_reference_quantized`` (fp32 math on the dequantized x and weights).
 """
 
+import dataclasses
 import functools
 import re
 
@@ -293,42 +294,77 @@ def test_bad_fp8_calls_are_refused(quantized):
         jax_swiglu.fused_mlp(x, quantized, jnp.zeros((64, 64), jnp.float32))
 
 
+def _configs_with_candidates():
+    """_configs() and Optional candidates like the table's: a wider tile, 64-deep k tiles and
+    a gemv row (the gemv kernel's fp8 form)."""
+    from jax_swiglu._native import KernelConfig
+    rows = _configs()
+    rows[4] = KernelConfig("fp8", 4, "cooperative", 128, 192, 128, 2, 1, "persistent", "direct",
+                           optional=True)
+    rows[5] = KernelConfig("fp8", 5, "cooperative", 128, 128, 64, 2, 1, "persistent", "direct",
+                           optional=True)
+    rows[6] = KernelConfig("fp8", 6, "mma-sync", 16, 64, 64, 1, 1, "cluster-split-k", "direct",
+                           m_side="weights", optional=True)
+    return rows
+
+
+@pytest.fixture
+def candidate_table(monkeypatch):
+    monkeypatch.setattr(jax_swiglu._native, "fp8_configs", _configs_with_candidates)
+    return _configs_with_candidates()
+
+
 @requires_kernels
-def test_the_fp8_rule_picks_among_the_rows_every_build_compiles():
-    """Optional rows (candidates not yet measured; CI builds them) run only when forced."""
-    configs = jax_swiglu._native.fp8_configs()
+def test_the_fp8_rule_picks_among_the_rows_every_build_compiles(candidate_table):
+    """Optional rows (candidates not yet measured; CI builds them) run only when forced, and
+    the rule's swap-AB tiles are wgmma ones, never a gemv row."""
+    always = {i: c for i, c in candidate_table.items() if not c.optional}
+    gemv_too = {**always, 6: dataclasses.replace(candidate_table[6], optional=False)}
     for m in (1, 8, 16, 17, 64, 65, 300, 2048, 8192):
         for n in (1024, 4864, 18944):
-            assert not _fp8.choose_fp8(m, n, 256, jnp.bfloat16).config.optional
-    always = {i: c for i, c in configs.items() if not c.optional}
-    assert _fp8.choose_fp8(2048, 4864, 256, jnp.bfloat16).config.id == _fp8.rule(
-        2048, 4864, 132, always)[0]
+            choice = _fp8.choose_fp8(m, n, 256, jnp.bfloat16)
+            assert choice.config.id == _fp8.rule(m, n, 132, always)[0] < 4
+            assert _fp8.rule(m, n, 132, gemv_too)[0] == choice.config.id
 
 
 @requires_kernels
-def test_a_forced_promotion_is_whole_k_tiles_of_the_config(monkeypatch):
+def test_a_forced_promotion_is_whole_k_tiles_of_the_config(candidate_table, monkeypatch):
     """promotion=<p> counts wgmma of 32 of K: a multiple of the config's k tile (128: 4 of
     them; 64: 2), or a clear error when the call is lowered."""
-    configs = jax_swiglu._native.fp8_configs()
-    deep = next(c for c in configs.values() if c.tile_k == 128)
-    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, f"{deep.id},promotion=2")
-    with pytest.raises(ValueError, match=f"fp8 config {deep.id} promotes after whole k tiles "
-                                         "of 4 wgmma"):
-        _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16)
-    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, f"{deep.id},promotion=8")
-    choice = _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16)
+    def forced(text):
+        monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, text)
+        return _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16)
+    with pytest.raises(ValueError, match="fp8 config 0 promotes after whole k tiles of 4 wgmma"):
+        forced("0,promotion=2")
+    choice = forced("0,promotion=8")
     assert choice.ffi_attributes()["promotion"] == 8 and "promotion every 8" in choice.describe()
-    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, str(deep.id))
-    choice = _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16)
-    assert choice.ffi_attributes()["promotion"] == 4 and "promotion" not in choice.describe()
-    shallow = [c for c in configs.values() if c.tile_k == 64]
-    if not shallow:
-        pytest.skip("this build has no fp8 row of 64-deep k tiles (an Optional row)")
-    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, str(shallow[0].id))
-    assert _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16).ffi_attributes()["promotion"] == 2
-    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, f"{shallow[0].id},promotion=2")
-    choice = _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16)
-    assert choice.ffi_attributes()["promotion"] == 2 and "promotion" not in choice.describe()
+    choice = forced("0")
+    assert choice.ffi_attributes()["promotion"] == 4 and "promotion every" not in choice.describe()
+    assert forced("5").ffi_attributes()["promotion"] == 2
+    choice = forced("5,promotion=2")
+    assert choice.ffi_attributes()["promotion"] == 2 and "promotion every" not in choice.describe()
+    assert forced("5,promotion=8").ffi_attributes()["promotion"] == 8
+
+
+@requires_kernels
+def test_a_forced_fp8_gemv_row(candidate_table, monkeypatch):
+    """A gemv row runs at most its tokens, K over a cluster of CTAs that K has steps of 64 for,
+    and no promotion=; wgmma rows take no splits=."""
+    def forced(text, m=8, k=256):
+        monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, text)
+        return _fp8.choose_fp8(m, 1024, k, jnp.bfloat16)
+    choice = forced("6,splits=4")
+    assert choice.config.id == 6 and choice.ffi_attributes()["splits"] == 4
+    assert "K over 4 CTAs" in choice.describe() and "mma.sync" in choice.describe()
+    assert forced("6").ffi_attributes()["splits"] == 1
+    with pytest.raises(ValueError, match="fp8 config 6 runs at most 16 tokens, got M=17"):
+        forced("6", m=17)
+    with pytest.raises(ValueError, match=r"splits K=256 over one of \(1, 2, 4\) CTAs, not 8"):
+        forced("6,splits=8")
+    with pytest.raises(ValueError, match="promotes after every mma"):
+        forced("6,promotion=4")
+    with pytest.raises(ValueError, match="fp8 config 0 takes no splits="):
+        forced("0,splits=2", m=2048)
 
 
 @requires_kernels

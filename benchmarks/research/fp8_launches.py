@@ -3,7 +3,9 @@
     python -m benchmarks.research.fp8_launches --models qwen2.5-7b qwen2.5-72b --m 1 2048
 
 For each (model, M) it compiles one function per launch, ``JAX_SWIGLU_CONFIG`` set while
-that function is lowered ("<config>,promotion=<p>"), on x already in fp8 (the kernel alone),
+that function is lowered ("<config>,promotion=<p>"; for the gemv rows, which promote after
+every mma, "<config>,splits=<s>" at each cluster size, where M fits their tokens), on x
+already in fp8 (the kernel alone),
 and times them in interleaved rounds with CUPTI (benchmarks/bench_swiglu.py's
 measure_side_by_side) beside XLA's fp8 GEMM baseline and the bf16 kernel's auto. It also
 counts mismatches of every launch against the fp8 spec, so a promotion interval that costs
@@ -65,13 +67,21 @@ def main(argv=None):
             x_q, x_scale = jax_swiglu.quantize_tokens(x)
             fp8_args = (x_q, x_scale, q)
             fns = {}
+            def fused(x_q, s, q):
+                return jax_swiglu.swiglu(x_q, q, x_scale=s)
             for config in configs:
+                c = table[config]
+                if c.is_gemv:
+                    if c.runs(m):
+                        for splits in c.split_choices(k):
+                            fns[f"c{config}s{splits}"] = _compiled(fused, fp8_args,
+                                                                   f"{config},splits={splits}")
+                    continue
                 for promotion in args.promotions:
-                    if promotion % _fp8.tile_promotion(table[config]):
+                    if promotion % _fp8.tile_promotion(c):
                         continue  # not a whole number of this config's k tiles
-                    fns[f"c{config}p{promotion}"] = _compiled(
-                        lambda x_q, s, q: jax_swiglu.swiglu(x_q, q, x_scale=s), fp8_args,
-                        f"{config},promotion={promotion}")
+                    fns[f"c{config}p{promotion}"] = _compiled(fused, fp8_args,
+                                                              f"{config},promotion={promotion}")
             fns["xla_fp8"] = jax.jit(
                 lambda x_q, s, q: _reference.swiglu_xla_quantized(x_q, q, x_scale=s))
             bf16 = jax.jit(lambda x, p: jax_swiglu.swiglu(x, p))

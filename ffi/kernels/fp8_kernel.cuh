@@ -10,10 +10,12 @@
 //  - tokens on the wgmma M side (prefill): GEMM [M, 2N, K], A = x_q, B = the packed rows;
 //  - weights on the wgmma M side (swap-AB, decode): GEMM [2N, M, K], A = the packed rows,
 //    B = x_q.
+// The table's gemv rows (MmaSync) launch the gemv kernel's fp8 form instead (gemv_kernel.cuh).
 #pragma once
 
 #include <cutlass/float8.h>
 
+#include "gemv_kernel.cuh"
 #include "interleaved_kernel.cuh"
 
 namespace jax_swiglu {
@@ -81,15 +83,16 @@ using Fp8Kernel = cute::conditional_t<kFp8Configs[ConfigId].m_side == MmaMSide::
                                       Fp8WeightsOnMAssembly<ConfigId, OutputTag, kActivation>,
                                       Fp8TokensOnMAssembly<ConfigId, OutputTag, kActivation>>;
 
+// The wgmma rows (tokens on M, or swap-AB).
 template <int ConfigId, class OutputTag, Activation kActivation>
-std::string LaunchFp8(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream) {
+std::string LaunchFp8Gemm(const SwigluProblem& p, const DeviceFacts& facts,
+                          cudaStream_t stream) {
   using Assembly = Fp8Kernel<ConfigId, OutputTag, kActivation>;
   constexpr KernelConfig config = kFp8Configs[ConfigId];
   if (p.splits > 1 && config.scheduler != TileScheduler::StreamK) {
     return "fp8 config " + std::to_string(ConfigId) + " has no split-K (got splits=" +
            std::to_string(p.splits) + ")";
   }
-  if (p.x_scale == nullptr || p.w_scale == nullptr) return "fp8 kernel called without scales";
   // CUTLASS promotes after whole k tiles: an interval of their wgmma (32 of K each).
   constexpr int kWgmmaPerTile = config.tile_k / 32;
   if (p.fp8_promotion % kWgmmaPerTile != 0) {
@@ -103,9 +106,24 @@ std::string LaunchFp8(const SwigluProblem& p, const DeviceFacts& facts, cudaStre
 }
 
 template <int ConfigId, class OutputTag, Activation kActivation>
+std::string LaunchFp8(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream) {
+  constexpr KernelConfig config = kFp8Configs[ConfigId];
+  if (p.x_scale == nullptr || p.w_scale == nullptr) return "fp8 kernel called without scales";
+  if constexpr (IsGemvSchedule(config.schedule)) {
+    return LaunchFp8Gemv<ConfigId, OutputTag, kActivation>(p, facts, stream);
+  } else {
+    return LaunchFp8Gemm<ConfigId, OutputTag, kActivation>(p, facts, stream);
+  }
+}
+
+template <int ConfigId, class OutputTag, Activation kActivation>
 size_t Fp8WorkspaceBytes(const SwigluProblem& p, const DeviceFacts& facts) {
-  using Assembly = Fp8Kernel<ConfigId, OutputTag, kActivation>;
-  return Assembly::Kernel::get_workspace_size(Assembly::Arguments(p, facts));
+  if constexpr (IsGemvSchedule(kFp8Configs[ConfigId].schedule)) {
+    return 0;  // the gemv form needs none
+  } else {
+    using Assembly = Fp8Kernel<ConfigId, OutputTag, kActivation>;
+    return Assembly::Kernel::get_workspace_size(Assembly::Arguments(p, facts));
+  }
 }
 
 }  // namespace jax_swiglu

@@ -94,11 +94,15 @@ __device__ __forceinline__ uint4 LoadWeights(const void* address) {
 
 struct GemvParams {
   const void* x;       // [m, k]
-  const void* packed;  // [k, packed_columns]
+  const void* packed;  // [k, packed_columns]; the fp8 form's is [packed_columns, k]
   void* out;           // [m, n]
   int m, n, k;
   int packed_columns;  // 2 * n_packed
-  int steps_per_split;  // 8-row steps of K per split
+  int steps_per_split;  // steps of K per split
+  // The fp8 form only (launch.h): x row t's scale, packed column c's w_scale[c * stride].
+  const float* x_scale;
+  const float* w_scale;
+  int w_scale_stride;
 };
 
 // The fp32 sums of `kTokens` tokens for this thread's 8 packed columns over `rows` rows
@@ -128,12 +132,14 @@ __device__ __forceinline__ void AccumulateStep(const GemvParams& p, const uint4*
   }
 }
 
-// Steps 2 and 3 and the store, for either form: `shared` holds every warp's fp32 sums as
+// Steps 2 and 3 and the store, for every form: `shared` holds every warp's fp32 sums as
 // [warp][token][column] (kTokens token slots, kColumns packed columns; written before the
 // call). The thread that owns a column adds the warps' sums in warp order, CTA 0 of the
 // cluster (`split` of `splits`) adds the other CTAs' in rank order, and it pairs each gate
-// sum with its up sum, applies the activation in fp32 and rounds once.
-template <int kTokens, int kColumns, class Tag, Activation kActivation>
+// sum with its up sum (kScaled, the fp8 form: each first times its token's and its packed
+// column's scale, in the fp8 epilogue's order), applies the activation in fp32 and rounds
+// once to `Tag`.
+template <int kTokens, int kColumns, class Tag, Activation kActivation, bool kScaled = false>
 __device__ __forceinline__ void GemvReduceAndStore(const GemvParams& p, float* shared, int split,
                                                    int splits) {
   using E = GemvElement<Tag>;
@@ -184,8 +190,15 @@ __device__ __forceinline__ void GemvReduceAndStore(const GemvParams& p, float* s
     const int j = position / 8, q = (position % 8) / 2, e = position % 2;
     const int64_t n = int64_t(blockIdx.y) * kOutputs + pair * kGateUpBlock + 8 * q + 2 * j + e;
     if (t >= p.m || n >= p.n) continue;
-    const float gate = shared[t * kColumns + 2 * kGateUpBlock * pair + position];
-    const float up = shared[t * kColumns + 2 * kGateUpBlock * pair + kGateUpBlock + position];
+    const int column = 2 * kGateUpBlock * pair + position;  // the gate's; up is 32 on
+    float gate = shared[t * kColumns + column];
+    float up = shared[t * kColumns + kGateUpBlock + column];
+    if constexpr (kScaled) {
+      const float x_scale = __ldg(p.x_scale + t);
+      const int64_t packed = int64_t(blockIdx.y) * kColumns + column;
+      gate = gate * x_scale * __ldg(p.w_scale + packed * p.w_scale_stride);
+      up = up * x_scale * __ldg(p.w_scale + (packed + kGateUpBlock) * p.w_scale_stride);
+    }
     out[int64_t(t) * p.n + n] = E::Round(Activate<kActivation, false>(gate) * up);
   }
 }
@@ -388,25 +401,165 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvMmaKernel(GemvPa
   GemvReduceAndStore<kTokens, kColumns, Tag, kActivation>(p, shared, blockIdx.x, gridDim.x);
 }
 
+// The fp8 form (the fp8 table's MmaSync rows): e4m3 x_q and packed weights, both K-major as
+// the fp8 kernel takes them (x_q [M, K], packed [2 N', K]), on mma.sync m16n8k32 (16 packed
+// columns by 8 tokens by 32 of K), 64 of K a warp step. A thread of group g and quad lane q
+// loads, for each 16-column tile of its chunks, bytes 16 q .. 16 q + 15 of the step from
+// packed columns g and g + 8 of the tile, and the same bytes of token g's x_q: the two
+// mma of a step take 8 of those bytes each, 4 as the fragments' low k and 4 as their high
+// k. That is a permutation of K, the same for both operands, so the products are those of
+// W^T x with no byte permutes. Each mma starts from zero and its result is added to the
+// fp32 sums (promoted after every mma: the tensor cores add only 32 fp8 products at less
+// than fp32 precision). The sums meet as in the other forms, and the store applies the
+// scales before the activation. K is a multiple of 16: a thread's 16 bytes are all in K or
+// all past it (read as zeros).
+inline constexpr int kGemvFp8Rows = 64;
+
+template <int kChunks, int kTokenTiles>
+struct GemvFp8Step {
+  uint4 weights[kChunks][4][2];  // tile i: columns g and g + 8, 16 bytes of K each
+  uint4 x[kTokenTiles];          // token 8 tt + g, the same 16 bytes of K
+};
+
+// d = a (16 x 32 e4m3, row-major) * b (32 x 8 e4m3, column-major), fp32, from zero.
+__device__ __forceinline__ void MmaFp8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+template <int kTokenTiles, int kChunks, class OutputTag, Activation kActivation,
+          int kUnroll = GemvMmaUnroll(kTokenTiles), int kMinBlocks = 2>
+__global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvFp8Kernel(GemvParams p) {
+  constexpr int kTokens = 8 * kTokenTiles;
+  constexpr int kColumns = 64 * kChunks;
+  extern __shared__ float4 gemv_shared[];
+  float* shared = reinterpret_cast<float*>(gemv_shared);  // [warp][token][column]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
+  const int64_t block_column = int64_t(blockIdx.y) * kColumns;
+  const auto* packed = static_cast<const uint8_t*>(p.packed);
+  const auto* x = static_cast<const uint8_t*>(p.x);
+  const int64_t tile_stride = int64_t(16) * p.k;  // 16 packed columns of K bytes
+
+  // Chunks are whole 64-column gate/up pairs (2N' % 64 == 0): in or out for the whole warp.
+  bool has[kChunks];
+  const uint8_t* chunk[kChunks];  // column g of the chunk's tile 0, at this thread's bytes
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    has[c] = block_column + 64 * c < p.packed_columns;
+    chunk[c] = has[c] ? packed + (block_column + 64 * c + group) * p.k + 16 * quad
+                      : packed;  // never read
+  }
+  bool has_token[kTokenTiles];
+  const uint8_t* token_row[kTokenTiles];
+#pragma unroll
+  for (int tt = 0; tt < kTokenTiles; ++tt) {
+    has_token[tt] = 8 * tt + group < p.m;
+    token_row[tt] = x + int64_t(has_token[tt] ? 8 * tt + group : 0) * p.k + 16 * quad;
+  }
+  float acc[kChunks][4][kTokenTiles][4] = {};
+
+  auto load = [&](int step, GemvFp8Step<kChunks, kTokenTiles>& s) {
+    const int64_t offset = int64_t(step) * kGemvFp8Rows;
+    const bool inside = offset + 16 * quad + 16 <= p.k;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      if (!has[c]) continue;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t* column = chunk[c] + i * tile_stride + offset;
+        s.weights[c][i][0] = inside ? LoadWeights(column) : uint4{};
+        s.weights[c][i][1] = inside ? LoadWeights(column + 8 * p.k) : uint4{};
+      }
+    }
+#pragma unroll
+    for (int tt = 0; tt < kTokenTiles; ++tt) {
+      s.x[tt] = has_token[tt] && inside
+                    ? __ldg(reinterpret_cast<const uint4*>(token_row[tt] + offset))
+                    : uint4{};
+    }
+  };
+  auto multiply = [&](const GemvFp8Step<kChunks, kTokenTiles>& s) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      if (!has[c]) continue;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint4& low = s.weights[c][i][0];   // column g
+        const uint4& high = s.weights[c][i][1];  // column g + 8
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t a[4] = {Word(low, 2 * j), Word(high, 2 * j), Word(low, 2 * j + 1),
+                                 Word(high, 2 * j + 1)};
+#pragma unroll
+          for (int tt = 0; tt < kTokenTiles; ++tt) {
+            if (8 * tt >= p.m) continue;  // uniform over the CTA
+            float d[4];
+            MmaFp8(d, a, Word(s.x[tt], 2 * j), Word(s.x[tt], 2 * j + 1));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[c][i][tt][e] += d[e];
+          }
+        }
+      }
+    }
+  };
+
+  const int steps = static_cast<int>((p.k + kGemvFp8Rows - 1) / kGemvFp8Rows);
+  const int first = blockIdx.x * p.steps_per_split;
+  const int last = min(steps, first + p.steps_per_split);
+  int step = first + warp;
+  for (; step + (kUnroll - 1) * kGemvWarps < last; step += kUnroll * kGemvWarps) {
+    GemvFp8Step<kChunks, kTokenTiles> s[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load(step + u * kGemvWarps, s[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) multiply(s[u]);
+  }
+  for (; step < last; step += kGemvWarps) {
+    GemvFp8Step<kChunks, kTokenTiles> s;
+    load(step, s);
+    multiply(s);
+  }
+
+  // Accumulator e of (c, i, tt): packed column 64 c + 16 i + g (+ 8 for e >= 2), token
+  // 8 tt + 2 q + e % 2.
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int tt = 0; tt < kTokenTiles; ++tt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int column = 64 * c + 16 * i + group + 8 * (e / 2);
+          const int token = 8 * tt + 2 * quad + e % 2;
+          shared[(warp * kTokens + token) * kColumns + column] = acc[c][i][tt][e];
+        }
+
+  GemvReduceAndStore<kTokens, kColumns, OutputTag, kActivation, /*kScaled=*/true>(
+      p, shared, blockIdx.x, gridDim.x);
+}
+
 // Every warp's fp32 sums of every token and packed column of the CTA.
-template <int ConfigId>
-constexpr int GemvSharedBytes() {
-  constexpr KernelConfig config = kGemvConfigs[ConfigId];
+constexpr int GemvSharedBytes(const KernelConfig& config) {
   return kGemvWarps * config.tile_m * config.tile_n * static_cast<int>(sizeof(float));
 }
 
-// Why `p` cannot run on gemv config `ConfigId`, or "" if it can.
-template <int ConfigId>
-std::string GemvLaunchError(const SwigluProblem& p) {
-  constexpr KernelConfig config = kGemvConfigs[ConfigId];
-  const std::string name = "gemv config " + std::to_string(ConfigId);
+// Why `p` cannot run on `config` (a gemv row, `name` in messages; K a multiple of
+// `k_multiple`), or "" if it can.
+inline std::string GemvLaunchError(const KernelConfig& config, const std::string& name,
+                                   int k_multiple, const SwigluProblem& p) {
   if (p.m > config.tile_m) {
     return name + " runs at most " + std::to_string(config.tile_m) + " tokens (got M=" +
            std::to_string(p.m) + ")";
   }
-  if (p.k % kGemvRows != 0 || p.n_packed % kGateUpBlock != 0) {
-    return name + " needs K a multiple of 8 and the padded N a multiple of 32 (got K=" +
-           std::to_string(p.k) + ", N'=" + std::to_string(p.n_packed) + ")";
+  if (p.k % k_multiple != 0 || p.n_packed % kGateUpBlock != 0) {
+    return name + " needs K a multiple of " + std::to_string(k_multiple) +
+           " and the padded N a multiple of 32 (got K=" + std::to_string(p.k) + ", N'=" +
+           std::to_string(p.n_packed) + ")";
   }
   const int steps = static_cast<int>((p.k + config.tile_k - 1) / config.tile_k);
   if (p.splits != 1 && p.splits != 2 && p.splits != 4 && p.splits != kGemvMaxSplits) {
@@ -457,7 +610,8 @@ std::string LaunchGemvGrid(Kernel* kernel, int shared_bytes, int columns, int ro
   const int steps = static_cast<int>((p.k + rows - 1) / rows);
   GemvParams params{p.x, p.packed, p.out, static_cast<int>(p.m), static_cast<int>(p.n),
                     static_cast<int>(p.k), static_cast<int>(2 * p.n_packed),
-                    (steps + p.splits - 1) / p.splits};
+                    (steps + p.splits - 1) / p.splits, p.x_scale, p.w_scale,
+                    p.w_scale_stride};
   const int column_blocks = static_cast<int>((2 * p.n_packed + columns - 1) / columns);
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
@@ -483,12 +637,37 @@ std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStr
   static_assert(config.schedule == Schedule::MmaSync ||
                     (config.tile_n == kGemvColumns && config.tile_k == kGemvRows),
                 "the CUDA-core form's CTA is one warp's row of loads, 8 rows a step");
-  if (std::string err = GemvLaunchError<ConfigId>(p); !err.empty()) return err;
+  if (std::string err = GemvLaunchError(config, "gemv config " + std::to_string(ConfigId),
+                                        kGemvRows, p);
+      !err.empty()) {
+    return err;
+  }
   static std::mutex opt_in_mutex;
   static std::set<int> opted_in;
   return LaunchGemvGrid(GemvKernelOf<ConfigId, ElementTag, kActivation>(),
-                        GemvSharedBytes<ConfigId>(), config.tile_n, config.tile_k, p, facts,
-                        stream, opt_in_mutex, opted_in);
+                        GemvSharedBytes(config), config.tile_n, config.tile_k, p, facts, stream,
+                        opt_in_mutex, opted_in);
+}
+
+// The fp8 table's gemv rows (`OutputTag` is the output's; x_q and packed are e4m3, their
+// scales in `p`). K is a multiple of 16: 16-byte rows of fp8.
+template <int ConfigId, class OutputTag, Activation kActivation>
+std::string LaunchFp8Gemv(const SwigluProblem& p, const DeviceFacts& facts,
+                          cudaStream_t stream) {
+  constexpr KernelConfig config = kFp8Configs[ConfigId];
+  static_assert(config.schedule == Schedule::MmaSync && config.tile_k == kGemvFp8Rows,
+                "the fp8 gemv form is mma.sync over 64-byte steps of K");
+  if (std::string err = GemvLaunchError(config, "fp8 config " + std::to_string(ConfigId), 16,
+                                        p);
+      !err.empty()) {
+    return err;
+  }
+  static std::mutex opt_in_mutex;
+  static std::set<int> opted_in;
+  return LaunchGemvGrid(GemvFp8Kernel<config.tile_m / 8, config.tile_n / 64, OutputTag,
+                                      kActivation>,
+                        GemvSharedBytes(config), config.tile_n, config.tile_k, p, facts, stream,
+                        opt_in_mutex, opted_in);
 }
 
 // The gemv kernel needs no workspace.

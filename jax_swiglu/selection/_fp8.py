@@ -12,8 +12,11 @@ two facts of the GPU rather than from measured shapes:
   to both CTAs); a ragged last wave (less than ``FULL_LAST_WAVE`` of the SMs busy in a call
   of few waves) is spread over every SM by stream-K instead.
 
-The engine of :mod:`jax_swiglu.selection` (tuning data, autotune cache) covers the 16-bit
-kernels; fp8 calls have no tuning data yet, and ``explain`` says so.
+The rule picks among the rows every build compiles; the Optional ones (a wider tile, the
+pingpong schedule, 64-deep k tiles, the gemv kernel's fp8 form), candidates not yet measured,
+run when ``JAX_SWIGLU_CONFIG`` names them. The engine of :mod:`jax_swiglu.selection` (tuning
+data, autotune cache) covers the 16-bit kernels; fp8 calls have no tuning data yet, and
+``explain`` says so.
 """
 
 from __future__ import annotations
@@ -58,11 +61,12 @@ class Fp8Choice:
     reason: str
     source: str = "fp8 rule"
     promotion: int | None = None  # wgmma between promotions; None: after every k tile
+    splits: int = 1  # the gemv form's cluster split of K
 
     def ffi_attributes(self) -> dict:
         promotion = self.promotion or tile_promotion(self.config)
         return {"config": np.int64(self.config.id), "swizzle": np.int64(1),
-                "raster": np.int64(0), "splits": np.int64(1),
+                "raster": np.int64(0), "splits": np.int64(self.splits),
                 "promotion": np.int64(promotion)}
 
     def describe(self) -> str:
@@ -70,6 +74,8 @@ class Fp8Choice:
             return f"xla (dequantized, fp32 reference; {self.source}: {self.reason})"
         promotion = (f", promotion every {self.promotion}"
                      if self.promotion not in (None, tile_promotion(self.config)) else "")
+        if self.splits > 1:
+            promotion += f", K over {self.splits} CTAs"
         return (f"interleaved fp8 [{self.target}, config {self.config.id}: "
                 f"{self.config.describe()}{promotion}] ({self.source}: {self.reason})")
 
@@ -79,8 +85,10 @@ def _xla(reason: str, source: str = "fp8 rule") -> Fp8Choice:
 
 
 def rule(m: int, n: int, sm_count: int, configs) -> tuple[int, str]:
-    """The config id the rule picks among ``configs`` (id -> KernelConfig), and why."""
-    swap = sorted((c for c in configs.values() if c.m_side == "weights"), key=lambda c: c.tile_m)
+    """The config id the rule picks among ``configs`` (id -> KernelConfig; its wgmma rows),
+    and why."""
+    swap = sorted((c for c in configs.values() if c.m_side == "weights" and not c.is_gemv),
+                  key=lambda c: c.tile_m)
     fitting = [c for c in swap if c.tile_m >= m]
     if fitting:
         c = fitting[0]
@@ -146,30 +154,53 @@ def choose_fp8(m: int, n: int, k: int, out_dtype, *, kernel: str = "auto",
                            "output")
     device = _engine.target_device()
     sm_count = device.sm_count if device is not None else DEFAULT_SM_COUNT
-    # The rule picks among the rows every build compiles; the Optional ones (candidates not
-    # yet measured) run when JAX_SWIGLU_CONFIG names them.
+    # Always rows only: the Optional ones run when forced (the module docstring).
     config_id, reason = rule(m, n, sm_count,
                              {i: c for i, c in configs.items() if not c.optional})
     by = "fp8 rule" if requested == "auto" else f"{source}, then the fp8 rule"
     forced = os.environ.get(CONFIG_ENV_VAR, "").strip()
-    promotion = None
+    promotion, splits = None, 1
     if forced:
         config_text, *options = [part.strip() for part in forced.split(",")]
         usage = (f"{CONFIG_ENV_VAR}={forced!r}: with fp8 weights it is '<fp8 config>"
-                 f"[,promotion=<{'|'.join(map(str, PROMOTIONS))}>]', configs {sorted(configs)}")
+                 f"[,promotion=<{'|'.join(map(str, PROMOTIONS))}>]' (a wgmma row) or "
+                 f"'<fp8 config>[,splits=<s>]' (a gemv row), configs {sorted(configs)}")
         for option in options:
             key, _, value = option.partition("=")
-            if key != "promotion" or not value.isdigit() or int(value) not in PROMOTIONS:
+            if key == "promotion" and value.isdigit() and int(value) in PROMOTIONS:
+                promotion = int(value)
+            elif key == "splits" and value.isdigit() and int(value) in _native.GEMV_SPLITS:
+                splits = int(value)
+            else:
                 raise ValueError(usage)
-            promotion = int(value)
         if config_text:
             if not config_text.isdigit() or int(config_text) not in configs:
                 raise ValueError(usage)
             reason = f"forced; the fp8 rule said config {config_id}: {reason}"
             config_id = int(config_text)
         by = f"{CONFIG_ENV_VAR}={forced}"
-        unit = tile_promotion(configs[config_id])
-        if promotion is not None and promotion % unit:
-            raise ValueError(f"{usage}: fp8 config {config_id} promotes after whole k tiles of "
-                             f"{unit} wgmma, so promotion={promotion} cannot run on it")
-    return Fp8Choice(configs[config_id], target, reason, by, promotion)
+        _check_forced(configs[config_id], m, k, promotion, splits, usage)
+    return Fp8Choice(configs[config_id], target, reason, by, promotion, splits)
+
+
+def _check_forced(config, m: int, k: int, promotion, splits: int, usage: str) -> None:
+    """A clear error where a forced launch cannot run: a gemv row past its tokens or with a
+    split that K has too few steps for, a promotion on a gemv row (it promotes after every mma), or
+    one that is not whole k tiles of a wgmma row; splits on a wgmma row."""
+    name = f"fp8 config {config.id}"
+    if config.is_gemv:
+        if not config.runs(m):
+            raise ValueError(f"{usage}: {name} runs at most {config.max_m} tokens, got M={m}")
+        if splits not in config.split_choices(k):
+            raise ValueError(f"{usage}: {name} splits K={k} over one of "
+                             f"{config.split_choices(k)} CTAs, not {splits}")
+        if promotion is not None:
+            raise ValueError(f"{usage}: {name} is the gemv form, which promotes after every "
+                             "mma (no promotion=)")
+        return
+    if splits != 1:
+        raise ValueError(f"{usage}: {name} takes no splits= (only the gemv rows do)")
+    unit = tile_promotion(config)
+    if promotion is not None and promotion % unit:
+        raise ValueError(f"{usage}: {name} promotes after whole k tiles of {unit} wgmma, so "
+                         f"promotion={promotion} cannot run on it")

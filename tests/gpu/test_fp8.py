@@ -31,7 +31,11 @@ from jax_swiglu.selection import _fp8
 
 from helpers import random_weights, random_x
 
-FP8_CONFIGS = sorted(jax_swiglu._native.fp8_configs())
+FP8_TABLE = jax_swiglu._native.fp8_configs()
+FP8_CONFIGS = sorted(FP8_TABLE)
+# The table's gemv rows (the gemv kernel's fp8 form): at most their tokens, K split over a
+# cluster of CTAs.
+FP8_GEMV = sorted(i for i, c in FP8_TABLE.items() if c.is_gemv)
 DECODE_M = [1, 2, 3, 7, 15, 17, 33, 63, 65, 200]
 FEW_OFF_PER_MILLION = 3.0
 
@@ -41,8 +45,11 @@ def activation(request):
     return request.param
 
 
-def _forced(monkeypatch, request, config):
-    monkeypatch.setenv(selection.CONFIG_ENV_VAR, str(config))
+def _forced(monkeypatch, request, config, m=None, splits=None):
+    if m is not None and not FP8_TABLE[config].runs(m):
+        pytest.skip(f"fp8 config {config} runs at most {FP8_TABLE[config].max_m} tokens")
+    monkeypatch.setenv(selection.CONFIG_ENV_VAR,
+                       f"{config},splits={splits}" if splits else str(config))
     jax.clear_caches()  # the variable is read at lowering
     request.addfinalizer(jax.clear_caches)
 
@@ -101,7 +108,7 @@ def test_every_fp8_target_is_registered():
 @pytest.mark.parametrize("m", DECODE_M + [300, 1000])
 def test_every_config_at_decode_and_ragged_m(config, m, key, monkeypatch, request, activation):
     """K = 2560, N = 9728: 152 tiles of 128 packed columns per row of tiles, a ragged wave."""
-    _forced(monkeypatch, request, config)
+    _forced(monkeypatch, request, config, m)
     check_fp8(m, 2560, 9728, key, activation=activation)
 
 
@@ -114,8 +121,24 @@ def test_every_config_at_decode_and_ragged_m(config, m, key, monkeypatch, reques
 def test_every_config_on_odd_shapes(config, m, k, n, scale, key, monkeypatch, request):
     """N below a tile and not a multiple of the gate/up block, K not a multiple of the k tile,
     one scale for all."""
-    _forced(monkeypatch, request, config)
+    _forced(monkeypatch, request, config, m)
     check_fp8(m, k, n, key, scale=scale)
+
+
+def _gemv_cases():
+    """Each gemv row at one token, a few, and its token tiles' last and first; a 7B-sized
+    MLP, K not a multiple of the 64-byte step (a partial last step), N not a multiple of 32,
+    and K of one 16-byte row (no split possible); every split its K allows."""
+    shapes = [(4096, 11008), (1008, 200), (144, 72), (16, 40)]
+    return [(c, m, k, n, s) for c in FP8_GEMV for m in (1, 3, 7, 8, 9, 15, 16)
+            if FP8_TABLE[c].runs(m) for k, n in shapes for s in FP8_TABLE[c].split_choices(k)]
+
+
+@pytest.mark.skipif(not FP8_GEMV, reason="no fp8 gemv row compiled (Optional rows)")
+@pytest.mark.parametrize("config, m, k, n, splits", _gemv_cases())
+def test_every_fp8_gemv_row_and_split(config, m, k, n, splits, key, monkeypatch, request):
+    _forced(monkeypatch, request, config, m, splits)
+    check_fp8(m, k, n, key, scale="per_tensor" if k == 144 else "per_channel")
 
 
 @pytest.mark.parametrize("model", list(QWEN25_MLPS))
@@ -149,9 +172,10 @@ def test_the_hlo_names_the_fp8_kernel(key):
 @pytest.mark.parametrize("config", FP8_CONFIGS)
 def test_bitwise_deterministic(config, key, monkeypatch, request):
     """100 calls and a recompiled program give the same bits (stream-K sums its partial
-    accumulators in a fixed order)."""
-    _forced(monkeypatch, request, config)
-    x, q = _inputs(key, 33, 4096, 11008, jnp.dtype(jnp.bfloat16), "per_channel")
+    accumulators in a fixed order; a gemv row's cluster, its CTAs' sums in rank order)."""
+    m = min(33, FP8_TABLE[config].max_m or 33)
+    _forced(monkeypatch, request, config, m, splits=4 if FP8_TABLE[config].is_gemv else None)
+    x, q = _inputs(key, m, 4096, 11008, jnp.dtype(jnp.bfloat16), "per_channel")
     call = jax.jit(swiglu)
     first = np.asarray(call(x, q)).view(np.uint16)
     for _ in range(100):
