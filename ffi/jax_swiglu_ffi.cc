@@ -52,96 +52,39 @@ std::string DispatchConfig(const char* kernel, int64_t config, Launch&& launch) 
 }
 
 // The kernel families: name, config id -> launch, and config id -> workspace bytes (an
-// error message for an unknown id), over each one's config table.
-struct Interleaved {
-  static constexpr const char* kName = "interleaved";
-  template <class ElementTag, Activation kActivation>
-  static std::string Launch(int64_t config, const SwigluProblem& problem,
-                            const DeviceFacts& device, cudaStream_t stream) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS, kInterleavedConfigs>(
-        kName, config, [&](auto id) {
-      return LaunchInterleaved<decltype(id)::value, ElementTag, kActivation>(problem, device,
-                                                                             stream);
-    });
-  }
-  template <class ElementTag, Activation kActivation>
-  static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
-                                    const DeviceFacts& device, size_t* bytes) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS, kInterleavedConfigs>(
-        kName, config, [&](auto id) {
-      *bytes = InterleavedWorkspaceBytes<decltype(id)::value, ElementTag, kActivation>(problem,
-                                                                                      device);
-      return std::string();
-    });
-  }
-};
-
-struct Pingpong {
-  static constexpr const char* kName = "pingpong";
-  template <class ElementTag, Activation kActivation>
-  static std::string Launch(int64_t config, const SwigluProblem& problem,
-                            const DeviceFacts& device, cudaStream_t stream) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_PINGPONG_CONFIGS, kPingpongConfigs>(
-        kName, config, [&](auto id) {
-      return LaunchPingpong<decltype(id)::value, ElementTag, kActivation>(problem, device,
-                                                                          stream);
-    });
-  }
-  template <class ElementTag, Activation kActivation>
-  static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
-                                    const DeviceFacts& device, size_t* bytes) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_PINGPONG_CONFIGS, kPingpongConfigs>(
-        kName, config, [&](auto id) {
-      *bytes = PingpongWorkspaceBytes<decltype(id)::value, ElementTag, kActivation>(problem,
-                                                                                   device);
-      return std::string();
-    });
-  }
-};
-
-// The fp8 interleaved kernel; its element tag is the output's.
-struct Fp8 {
-  static constexpr const char* kName = "fp8";
-  template <class OutputTag, Activation kActivation>
-  static std::string Launch(int64_t config, const SwigluProblem& problem,
-                            const DeviceFacts& device, cudaStream_t stream) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_FP8_CONFIGS, kFp8Configs>(
-        kName, config, [&](auto id) {
-      return LaunchFp8<decltype(id)::value, OutputTag, kActivation>(problem, device, stream);
-    });
-  }
-  template <class OutputTag, Activation kActivation>
-  static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
-                                    const DeviceFacts& device, size_t* bytes) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_FP8_CONFIGS, kFp8Configs>(
-        kName, config, [&](auto id) {
-      *bytes = Fp8WorkspaceBytes<decltype(id)::value, OutputTag, kActivation>(problem, device);
-      return std::string();
-    });
-  }
-};
-
-// The CUDA-core gemv kernel for a few tokens.
-struct Gemv {
-  static constexpr const char* kName = "gemv";
-  template <class ElementTag, Activation kActivation>
-  static std::string Launch(int64_t config, const SwigluProblem& problem,
-                            const DeviceFacts& device, cudaStream_t stream) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_GEMV_CONFIGS, kGemvConfigs>(
-        kName, config, [&](auto id) {
-      return LaunchGemv<decltype(id)::value, ElementTag, kActivation>(problem, device, stream);
-    });
-  }
-  template <class ElementTag, Activation kActivation>
-  static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,
-                                    const DeviceFacts& device, size_t* bytes) {
-    return DispatchConfig<0, JAX_SWIGLU_NUM_GEMV_CONFIGS, kGemvConfigs>(
-        kName, config, [&](auto id) {
-      *bytes = GemvWorkspaceBytes<decltype(id)::value, ElementTag, kActivation>(problem, device);
-      return std::string();
-    });
-  }
-};
+// error message for an unknown id), over each one's config table. A family `Kernel` has the
+// table k<Kernel>Configs of JAX_SWIGLU_NUM_<TABLE>_CONFIGS rows (kernel_configs.h) and the
+// launch.h templates Launch<Kernel> and <Kernel>WorkspaceBytes; the fp8 family's element
+// tag is the output's.
+#define JAX_SWIGLU_KERNEL_FAMILY(Kernel, name, TABLE)                                        \
+  struct Kernel {                                                                           \
+    static constexpr const char* kName = name;                                              \
+    template <class ElementTag, Activation kActivation>                                     \
+    static std::string Launch(int64_t config, const SwigluProblem& problem,                 \
+                              const DeviceFacts& device, cudaStream_t stream) {             \
+      return DispatchConfig<0, JAX_SWIGLU_NUM_##TABLE##_CONFIGS, k##Kernel##Configs>(       \
+          kName, config, [&](auto id) {                                                     \
+            return Launch##Kernel<decltype(id)::value, ElementTag, kActivation>(problem,    \
+                                                                                device,     \
+                                                                                stream);    \
+          });                                                                               \
+    }                                                                                       \
+    template <class ElementTag, Activation kActivation>                                     \
+    static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,         \
+                                      const DeviceFacts& device, size_t* bytes) {           \
+      return DispatchConfig<0, JAX_SWIGLU_NUM_##TABLE##_CONFIGS, k##Kernel##Configs>(       \
+          kName, config, [&](auto id) {                                                     \
+            *bytes = Kernel##WorkspaceBytes<decltype(id)::value, ElementTag, kActivation>(  \
+                problem, device);                                                           \
+            return std::string();                                                           \
+          });                                                                               \
+    }                                                                                       \
+  };
+JAX_SWIGLU_KERNEL_FAMILY(Interleaved, "interleaved", INTERLEAVED)
+JAX_SWIGLU_KERNEL_FAMILY(Pingpong, "pingpong", PINGPONG)
+JAX_SWIGLU_KERNEL_FAMILY(Fp8, "fp8", FP8)
+JAX_SWIGLU_KERNEL_FAMILY(Gemv, "gemv", GEMV)
+#undef JAX_SWIGLU_KERNEL_FAMILY
 
 // A call of `f(std::integral_constant<Activation, a>)` for the activation named `name`
 // (kernel_configs.h's names), or an error message.
