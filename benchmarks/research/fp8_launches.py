@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,11 @@ def _compiled(fn, args, forced):
     previous = os.environ.get(selection.CONFIG_ENV_VAR)
     os.environ[selection.CONFIG_ENV_VAR] = forced
     try:
-        return jax.jit(fn).lower(*args).compile()
+        lowered = jax.jit(fn).lower(*args)
+        config = forced.split(",")[0]
+        if not re.search(rf"\bconfig = {config} : i64", lowered.as_text()):
+            raise RuntimeError(f"{selection.CONFIG_ENV_VAR}={forced} did not reach the lowering")
+        return lowered.compile()
     finally:
         if previous is None:
             os.environ.pop(selection.CONFIG_ENV_VAR)
@@ -67,20 +72,20 @@ def main(argv=None):
             x_q, x_scale = jax_swiglu.quantize_tokens(x)
             fp8_args = (x_q, x_scale, q)
             fns = {}
-            def fused(x_q, s, q):
-                return jax_swiglu.swiglu(x_q, q, x_scale=s)
+            def fused():  # a new function per launch: jit caches a function's lowering
+                return lambda x_q, s, q: jax_swiglu.swiglu(x_q, q, x_scale=s)
             for config in configs:
                 c = table[config]
                 if c.is_gemv:
                     if c.runs(m):
                         for splits in c.split_choices(k):
-                            fns[f"c{config}s{splits}"] = _compiled(fused, fp8_args,
+                            fns[f"c{config}s{splits}"] = _compiled(fused(), fp8_args,
                                                                    f"{config},splits={splits}")
                     continue
                 for promotion in args.promotions:
                     if promotion % _fp8.tile_promotion(c):
                         continue  # not a whole number of this config's k tiles
-                    fns[f"c{config}p{promotion}"] = _compiled(fused, fp8_args,
+                    fns[f"c{config}p{promotion}"] = _compiled(fused(), fp8_args,
                                                               f"{config},promotion={promotion}")
             fns["xla_fp8"] = jax.jit(
                 lambda x_q, s, q: _reference.swiglu_xla_quantized(x_q, q, x_scale=s))
