@@ -136,9 +136,9 @@ __device__ __forceinline__ void AccumulateStep(const GemvParams& p, const uint4*
 // [warp][token][column] (kTokens token slots, kColumns packed columns; written before the
 // call). The thread that owns a column adds the warps' sums in warp order, CTA 0 of the
 // cluster (`split` of `splits`) adds the other CTAs' in rank order, and it pairs each gate
-// sum with its up sum (kScaled, the fp8 form: each first times its token's and its packed
-// column's scale, in the fp8 epilogue's order), applies the activation in fp32 and rounds
-// once to `Tag`.
+// sum with its up sum (kScaled, the fp8 form: each first times its token's scale, then its
+// packed column's, as the tokens-on-M fp8 epilogue does), applies the activation in fp32
+// and rounds once to `Tag`.
 template <int kTokens, int kColumns, class Tag, Activation kActivation, bool kScaled = false>
 __device__ __forceinline__ void GemvReduceAndStore(const GemvParams& p, float* shared, int split,
                                                    int splits) {
@@ -294,7 +294,7 @@ struct GemvMmaStep {
 };
 
 // More token tiles keep more accumulators: one step in flight instead of two, so every row
-// fits two CTAs an SM (128 registers a thread; the 32-token row owns 64 columns for that).
+// fits two CTAs an SM (128 registers a thread).
 constexpr int GemvMmaUnroll(int token_tiles) { return token_tiles == 1 ? 2 : 1; }
 
 // kUnroll and kMinBlocks are the rows' (GemvMmaUnroll, two CTAs an SM); the research probe
@@ -408,11 +408,12 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvMmaKernel(GemvPa
 // packed columns g and g + 8 of the tile, and the same bytes of token g's x_q: the two
 // mma of a step take 8 of those bytes each, 4 as the fragments' low k and 4 as their high
 // k. That is a permutation of K, the same for both operands, so the products are those of
-// W^T x with no byte permutes. Each mma starts from zero and its result is added to the
-// fp32 sums (promoted after every mma: the tensor cores add only 32 fp8 products at less
-// than fp32 precision). The sums meet as in the other forms, and the store applies the
-// scales before the activation. K is a multiple of 16: a thread's 16 bytes are all in K or
-// all past it (read as zeros).
+// W^T x with no byte permutes (SM90 has no fp8 mma.sync of its own: ptxas turns each into
+// conversions to f16 and two f16 mma, exact for e4m3). Each mma starts from zero and its
+// result is added to the fp32 sums (a promotion after every mma: the tensor cores add only
+// 32 products at less than fp32 precision). The sums meet as in the other forms, and the
+// store applies the scales before the activation. K is a multiple of 16: a thread's 16
+// bytes are all in K or all past it (read as zeros).
 inline constexpr int kGemvFp8Rows = 64;
 
 template <int kChunks, int kTokenTiles>
@@ -472,7 +473,7 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvFp8Kernel(GemvPa
       for (int i = 0; i < 4; ++i) {
         const uint8_t* column = chunk[c] + i * tile_stride + offset;
         s.weights[c][i][0] = inside ? LoadWeights(column) : uint4{};
-        s.weights[c][i][1] = inside ? LoadWeights(column + 8 * p.k) : uint4{};
+        s.weights[c][i][1] = inside ? LoadWeights(column + int64_t(8) * p.k) : uint4{};
       }
     }
 #pragma unroll
@@ -507,7 +508,7 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvFp8Kernel(GemvPa
     }
   };
 
-  const int steps = static_cast<int>((p.k + kGemvFp8Rows - 1) / kGemvFp8Rows);
+  const int steps = static_cast<int>((int64_t(p.k) + kGemvFp8Rows - 1) / kGemvFp8Rows);
   const int first = blockIdx.x * p.steps_per_split;
   const int last = min(steps, first + p.steps_per_split);
   int step = first + warp;

@@ -12,9 +12,9 @@ two facts of the GPU rather than from measured shapes:
   to both CTAs); a ragged last wave (less than ``FULL_LAST_WAVE`` of the SMs busy in a call
   of few waves) is spread over every SM by stream-K instead.
 
-The rule picks among the rows every build compiles; the Optional ones (a wider tile, the
-pingpong schedule, 64-deep k tiles, the gemv kernel's fp8 form), candidates not yet measured,
-run when ``JAX_SWIGLU_CONFIG`` names them. The engine of :mod:`jax_swiglu.selection` (tuning
+The rule picks among the rows every build compiles; the Optional ones (a wider tile, 64-deep k
+tiles, the gemv kernel's fp8 form: kernel_configs.h says what their probe found) run when
+``JAX_SWIGLU_CONFIG`` names them. The engine of :mod:`jax_swiglu.selection` (tuning
 data, autotune cache) covers the 16-bit kernels; fp8 calls have no tuning data yet, and
 ``explain`` says so.
 """

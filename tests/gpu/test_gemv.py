@@ -30,7 +30,7 @@ def _tokens(config):
     and those below it down to the next row's. An mma.sync row (any M up to its token
     tiles): one token, a few, and each tile's last and first."""
     if config.schedule == "mma-sync":
-        return sorted({1, 3, 7, 8, 9, 15, 16, 17, 25, 31, 32} & set(range(1, config.tile_m + 1)))
+        return sorted({1, 3, 7, 8, 9, 15, 16} & set(range(1, config.tile_m + 1)))
     smaller = [c.tile_m for c in GEMV.values()
                if c.schedule == config.schedule and c.tile_m < config.tile_m]
     low = max(smaller, default=0) + 1
