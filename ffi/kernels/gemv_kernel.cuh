@@ -293,6 +293,30 @@ struct GemvMmaStep {
   uint32_t x[kTokenTiles][2];  // a token's rows 2 q, 2 q + 1, and 2 q + 8, 2 q + 9
 };
 
+// A warp's steps (`rows` of K each) of its CTA's split of K, every kGemvWarps-th from `warp`
+// on, for the tensor-core forms: `load(step, s)` fills a `Step` of registers and
+// `multiply(s)` uses it, with kUnroll steps' loads in flight before their multiplies.
+template <class Step, int kUnroll, class Load, class Multiply>
+__device__ __forceinline__ void ForEachGemvStep(const GemvParams& p, int rows, int warp,
+                                                Load&& load, Multiply&& multiply) {
+  const int steps = static_cast<int>((int64_t(p.k) + rows - 1) / rows);
+  const int first = blockIdx.x * p.steps_per_split;
+  const int last = min(steps, first + p.steps_per_split);
+  int step = first + warp;
+  for (; step + (kUnroll - 1) * kGemvWarps < last; step += kUnroll * kGemvWarps) {
+    Step s[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load(step + u * kGemvWarps, s[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) multiply(s[u]);
+  }
+  for (; step < last; step += kGemvWarps) {
+    Step s;
+    load(step, s);
+    multiply(s);
+  }
+}
+
 // More token tiles keep more accumulators: one step in flight instead of two, so every row
 // fits two CTAs an SM (128 registers a thread).
 constexpr int GemvMmaUnroll(int token_tiles) { return token_tiles == 1 ? 2 : 1; }
@@ -368,22 +392,8 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvMmaKernel(GemvPa
     }
   };
 
-  const int steps = static_cast<int>((p.k + kGemvMmaRows - 1) / kGemvMmaRows);
-  const int first = blockIdx.x * p.steps_per_split;
-  const int last = min(steps, first + p.steps_per_split);
-  int step = first + warp;
-  for (; step + (kUnroll - 1) * kGemvWarps < last; step += kUnroll * kGemvWarps) {
-    GemvMmaStep<kChunks, kTokenTiles> s[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) load(step + u * kGemvWarps, s[u]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) multiply(s[u]);
-  }
-  for (; step < last; step += kGemvWarps) {
-    GemvMmaStep<kChunks, kTokenTiles> s;
-    load(step, s);
-    multiply(s);
-  }
+  ForEachGemvStep<GemvMmaStep<kChunks, kTokenTiles>, kUnroll>(p, kGemvMmaRows, warp, load,
+                                                               multiply);
 
 #pragma unroll
   for (int c = 0; c < kChunks; ++c)
@@ -508,22 +518,8 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvFp8Kernel(GemvPa
     }
   };
 
-  const int steps = static_cast<int>((int64_t(p.k) + kGemvFp8Rows - 1) / kGemvFp8Rows);
-  const int first = blockIdx.x * p.steps_per_split;
-  const int last = min(steps, first + p.steps_per_split);
-  int step = first + warp;
-  for (; step + (kUnroll - 1) * kGemvWarps < last; step += kUnroll * kGemvWarps) {
-    GemvFp8Step<kChunks, kTokenTiles> s[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) load(step + u * kGemvWarps, s[u]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) multiply(s[u]);
-  }
-  for (; step < last; step += kGemvWarps) {
-    GemvFp8Step<kChunks, kTokenTiles> s;
-    load(step, s);
-    multiply(s);
-  }
+  ForEachGemvStep<GemvFp8Step<kChunks, kTokenTiles>, kUnroll>(p, kGemvFp8Rows, warp, load,
+                                                               multiply);
 
   // Accumulator e of (c, i, tt): packed column 64 c + 16 i + g (+ 8 for e >= 2), token
   // 8 tt + 2 q + e % 2.
