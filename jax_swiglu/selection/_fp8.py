@@ -184,9 +184,9 @@ def choose_fp8(m: int, n: int, k: int, out_dtype, *, kernel: str = "auto",
 
 
 def _check_forced(config, m: int, k: int, promotion, splits: int, usage: str) -> None:
-    """A clear error where a forced launch cannot run: a gemv row past its tokens or with a
-    split that K has too few steps for, a promotion on a gemv row (it promotes after every mma), or
-    one that is not whole k tiles of a wgmma row; splits on a wgmma row."""
+    """A clear error where a forced launch cannot run: a gemv row past its tokens, with a split
+    that K has too few steps for, or with a promotion (it promotes after every mma); a wgmma
+    row with splits, or with a promotion that is not whole k tiles of it."""
     name = f"fp8 config {config.id}"
     if config.is_gemv:
         if not config.runs(m):
