@@ -35,7 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_swiglu
-from jax_swiglu import _reference, _shapes
+from jax_swiglu import _reference
+
+from . import shapes as shapes_lib
 
 from . import environment as environment_lib
 from .bench_swiglu import ROTATION_BYTES, MAX_SETS, ROUNDS, measure_side_by_side, output_stem
@@ -87,7 +89,7 @@ def _mismatches(y, r) -> int:
 
 
 def bench_one(model, m, iterations, key, rounds=ROUNDS):
-    k, n = _shapes.mlp_shape(model)
+    k, n = shapes_lib.mlp_shape(model)
     xs, ws = _sets(key, m, k, n)
     count = len(xs)
     named = variants()

@@ -41,18 +41,18 @@ import jax
 import jax.numpy as jnp
 
 import jax_swiglu
-from jax_swiglu import _shapes
 
 from . import environment as environment_lib
 from . import peers, report
+from . import shapes as shapes_lib
 
 SUITES = {
-    "prefill": (tuple(_shapes.QWEN25_MLPS), (128, 512, 2048, 8192)),
+    "prefill": (tuple(shapes_lib.QWEN25_MLPS), (128, 512, 2048, 8192)),
     "decode": (("qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-4b", "qwen3-8b",
                 "llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3.2-1b", "mistral-small-24b",
                 "phi-4", "deepseek-coder-33b"),
-               _shapes.DECODE_M + _shapes.DECODE_RAGGED_M),
-    "held-out": (_shapes.HELD_OUT, _shapes.HELD_OUT_M),
+               shapes_lib.DECODE_M + shapes_lib.DECODE_RAGGED_M),
+    "held-out": (shapes_lib.HELD_OUT, shapes_lib.HELD_OUT_M),
 }
 QUICK = (("qwen2.5-0.5b", 1), ("llama-3-8b", 8), ("qwen2.5-7b", 128), ("qwen2.5-72b", 2048))
 L2_BYTES = 60 * 2**20
@@ -75,9 +75,9 @@ def gemm_only(x, w):
     return x @ w[2]
 
 
-def fused(kernel="auto", activation="silu"):
+def fused(kernel="auto", activation="silu", launch=None):
     def run(x, w):
-        return jax_swiglu.swiglu(x, w[3], kernel=kernel, activation=activation)
+        return jax_swiglu.swiglu(x, w[3], kernel=kernel, activation=activation, launch=launch)
     run.__name__ = kernel
     return run
 
@@ -177,12 +177,12 @@ def _check(sets, fn, activation="silu"):
 
 def flops(model, m):
     """Multiply-adds x 2 of the [M, K] x [K, 2N] product (the activation not counted)."""
-    k, n = _shapes.mlp_shape(model)
+    k, n = shapes_lib.mlp_shape(model)
     return 2 * m * k * 2 * n
 
 
 def bench_one(model, m, iterations, key, rounds=ROUNDS, with_peers=True, activation="silu"):
-    k, n = _shapes.mlp_shape(model)
+    k, n = shapes_lib.mlp_shape(model)
     sets = make_rotation(key, m, k, n)
     count = len(sets)
     xs = [s[0] for s in sets]
@@ -307,7 +307,7 @@ def main(argv=None):
         rows = list(QUICK)
     else:
         models, ms = SUITES.get(suite, (None, None))
-        models = args.models or models or list(_shapes.QWEN25_MLPS)
+        models = args.models or models or list(shapes_lib.QWEN25_MLPS)
         ms = args.m or ms or SUITES["prefill"][1]
         # M by M (each M over every model), so a run cut short by --budget-s has whole M.
         rows = [(model, m) for m in sorted(ms) for model in models]

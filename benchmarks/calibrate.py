@@ -4,14 +4,15 @@
     python -m benchmarks.calibrate --shapes held-out --m grid held-out --out held-out.json
     python -m benchmarks.calibrate --shapes 4096x14336 --m 1 8 300
 
-For each (shape, M) it times every compiled launch that can run it (each config, and each
-stream-K config at split-K factors --splits) through the extension's own launchers
-(jax_swiglu/_tuning.py: CUDA-graph replay on inputs rotated past the L2, outputs checked),
+For each (shape, M) it times every compiled launch that can run it (each config at each of
+its split choices) through the extension's own launchers (jax_swiglu/tuning/measure.py:
+CUDA-graph replay on inputs rotated past the L2, outputs checked),
 and at the M values of --jax-m also the XLA path and the fastest few launches through JAX,
 as a model runs them (CUPTI). Rows go to the JSON after each one, so a run cut short by
 --budget-s keeps what it measured; benchmarks/tuning_data.py merges runs into the shipped
-tuning data. Shapes are names of jax_swiglu.PUBLIC_MLPS, KxN, or the groups "fit" and
-"held-out" (jax_swiglu/_shapes.py); M values are numbers or "grid", "held-out", "decode".
+tuning data. Shapes are names of benchmarks/shapes.py's PUBLIC_MLPS, KxN, or the groups
+"fit" and "held-out"; M values are numbers or "grid", "held-out", "decode". --operands e4m3
+calibrates the fp8 kernel's rows instead (weights quantized per channel).
 At large M the candidates the cost model puts far behind are not timed (--prune).
 """
 
@@ -26,14 +27,17 @@ import jax
 import jax.numpy as jnp
 
 import jax_swiglu
-from jax_swiglu import _shapes, _tuning
+from jax_swiglu import selection
 from jax_swiglu.selection import _data, _engine, _model
+from jax_swiglu.tuning import measure
 
 from . import environment as environment_lib
+from . import shapes as shapes_lib
 
-M_GROUPS = {"grid": _shapes.GRID_M, "held-out": _shapes.HELD_OUT_M, "decode": _shapes.DECODE_M}
-SHAPE_GROUPS = {"fit": _shapes.FIT, "held-out": _shapes.HELD_OUT,
-                "all": tuple(_shapes.PUBLIC_MLPS)}
+M_GROUPS = {"grid": shapes_lib.GRID_M, "held-out": shapes_lib.HELD_OUT_M,
+            "decode": shapes_lib.DECODE_M}
+SHAPE_GROUPS = {"fit": shapes_lib.FIT, "held-out": shapes_lib.HELD_OUT,
+                "all": tuple(shapes_lib.PUBLIC_MLPS)}
 
 
 def expand(items, groups):
@@ -55,14 +59,17 @@ def plan(shapes, ms):
                   key=lambda row: (band(row[1]), shapes.index(row[0]), row[1]))
 
 
-def pruned(launches, m, n, k, device, factor: float, keep: int, prune_above_m: int):
+def pruned(launches, problem, device, factor: float, keep: int, prune_above_m: int):
     """The launches worth timing: all at M <= prune_above_m, else those the cost model puts
     within ``factor`` of its best (and at least ``keep``)."""
-    if m <= prune_above_m:
+    if problem.m <= prune_above_m:
         return launches
-    problem = _model.Problem(m, n, k)
-    scored = sorted(((_model.launch_us(c, s, problem, device.sm_count, device.dram_bytes_per_s),
-                      i) for i, (c, s) in enumerate(launches)))
+    model = _model.Problem(problem.m, problem.n, problem.k,
+                           1 if problem.operands == "e4m3" else 2)
+    constants = (_data.shipped(device.kind) or _data.any_sm90()).constants
+    scored = sorted(((_model.launch_us(launch.row, launch.splits, model, device.sm_count,
+                                       device.dram_bytes_per_s, constants), i)
+                     for i, launch in enumerate(launches)))
     best = scored[0][0]
     chosen = {i for rank, (us, i) in enumerate(scored) if rank < keep or us <= factor * best}
     return [launch for i, launch in enumerate(launches) if i in chosen]
@@ -71,30 +78,34 @@ def pruned(launches, m, n, k, device, factor: float, keep: int, prune_above_m: i
 _weights_cache: dict = {}
 
 
-def _weights(name, dtype, key):
-    """The packed weight sets of a shape, kept while its rows run (one shape at a time)."""
-    k, n = _shapes.mlp_shape(name)
-    if (name, dtype) not in _weights_cache:
+def _weights(name, problem, key):
+    """The weight sets of a shape, kept while its rows run (one shape at a time)."""
+    cached = (name, problem.dtype, problem.operands)
+    if cached not in _weights_cache:
         _weights_cache.clear()
-        sets = _tuning._rotation_sets(1, n, k, jnp.dtype(dtype).itemsize)
-        _weights_cache[name, dtype] = _tuning.make_weight_sets(key, n, k, jnp.dtype(dtype), sets)
-    return _weights_cache[name, dtype]
+        one_token = dataclasses.replace(problem, m=1)
+        _weights_cache[cached] = measure.make_weights(key, problem,
+                                                      measure.rotation_sets(one_token))
+    return _weights_cache[cached]
 
 
 def calibrate_row(name, m, dtype, args, device, key):
-    k, n = _shapes.mlp_shape(name)
-    launches = _tuning.candidate_launches(m, n, k, splits=tuple(args.splits))
-    launches = pruned(launches, m, n, k, device, args.prune, args.keep, args.prune_above_m)
-    native = _tuning.time_launches(m, n, k, dtype, launches, samples=args.samples, key=key,
-                                   weights=_weights(name, dtype, key))
-    row = {"model": name, "dtype": jnp.dtype(dtype).name, "m": m, "n": n, "k": k,
+    k, n = shapes_lib.mlp_shape(name)
+    problem = selection.Problem(m, n, k, jnp.dtype(dtype).name, args.operands)
+    launches = measure.candidate_launches(problem)
+    launches = pruned(launches, problem, device, args.prune, args.keep, args.prune_above_m)
+    inputs = measure.make_inputs(key, problem, 0, weights=_weights(name, problem, key))
+    native = measure.time_launches(problem, launches, samples=args.samples, key=key,
+                                   inputs=inputs)
+    row = {"model": name, "dtype": problem.data_dtype, "output_dtype": problem.dtype,
+           "m": m, "n": n, "k": k,
            "launch_us": {launch: r["us"] for launch, r in native.items()
                          if r["error"] is None and r["us"]},
            "errors": {launch: r["error"] for launch, r in native.items() if r["error"]}}
     if m in args.jax_m and row["launch_us"]:
-        by_id = {_data.launch_id(c.key, s): (c, s) for c, s in launches}
+        by_id = {measure.launch_id(launch): launch for launch in launches}
         fastest = sorted(row["launch_us"], key=row["launch_us"].get)[:args.jax_finalists]
-        timed = _tuning.time_through_jax(m, n, k, dtype, [by_id[f] for f in fastest], key=key)
+        timed = measure.time_through_jax(problem, [by_id[f] for f in fastest], key=key)
         row["xla_us"] = timed.pop("xla")
         row["cupti_us"] = timed
     return row
@@ -104,9 +115,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["fit"])
     parser.add_argument("--m", nargs="+", default=["grid"])
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
-    parser.add_argument("--splits", nargs="+", type=int, default=[1, 2, 4],
-                        help="split-K factors of the stream-K configs (1: stream-K itself)")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
+                        help="x's and the output's dtype")
+    parser.add_argument("--operands", default="16bit", choices=("16bit", "e4m3"),
+                        help="the rows to time: 16-bit operands, or e4m3 ones (fp8 weights)")
     parser.add_argument("--samples", type=int, default=3, help="timed graph replays per launch")
     parser.add_argument("--jax-m", nargs="*", type=int, default=[1, 4, 16, 64],
                         help="M values at which the XLA path and the fastest launches are "
@@ -129,12 +141,13 @@ def main(argv=None):
     device = _engine.target_device()
     env = environment_lib.environment()
     env["device_facts"] = device.as_dict()
-    result = {"kind": "calibration", "method": "CUDA-graph replay (jax_swiglu._tuning)",
-              "environment": env, "notes": args.note, "held_out_shapes": list(_shapes.HELD_OUT),
-              "held_out_m": list(_shapes.HELD_OUT_M),
+    result = {"kind": "calibration",
+              "method": "CUDA-graph replay (jax_swiglu.tuning.measure)",
+              "environment": env, "notes": args.note,
+              "held_out_shapes": list(shapes_lib.HELD_OUT),
+              "held_out_m": list(shapes_lib.HELD_OUT_M),
               "configs": {c.key: dataclasses.asdict(c)
-                          for table in jax_swiglu.kernel_configs().values()
-                          for c in table.values()},
+                          for c in jax_swiglu.kernel_configs().values()},
               "complete": False, "rows": []}
     rows = plan(shapes, ms)
     start = time.perf_counter()

@@ -3,49 +3,33 @@ Compute to profile side by side: why does a fused kernel trail cuBLAS on a shape
 
     ncu --profile-from-start off --clock-control none -o prof \
         python -m benchmarks.profile_kernels --rows qwen2.5-0.5b:8192 llama-3-8b:1 \
-        --launches gemm auto interleaved:1 interleaved:18,splits=2
+        --launches gemm auto 1 interleaved:18,splits=2
 
 Each (model, M) row builds one input set (the benchmark's random data, weights in HBM: ncu
 flushes the caches before each kernel replay by default), compiles every variant first,
 then calls each once more between cudaProfilerStart/Stop, so `ncu --profile-from-start off`
-sees exactly one call per variant. A launch is "gemm", "auto", or KERNEL:LAUNCH, LAUNCH as
-JAX_SWIGLU_CONFIG takes it. scripts/gpu_check.sh (NCU=1) runs
+sees exactly one call per variant. A launch is "gemm", "auto", or a launch in the text form
+``swiglu(..., launch=...)`` takes (``explain`` prints it). scripts/gpu_check.sh (NCU=1) runs
 it under ncu and writes the report's details page as text.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
-import os
 
 import jax
 
-from jax_swiglu import _shapes, selection
-
 from . import bench_swiglu
-
-
-@contextlib.contextmanager
-def forced(kernel, launch):
-    """JAX_SWIGLU_KERNEL/JAX_SWIGLU_CONFIG set to one launch while the body compiles (they
-    are read at lowering)."""
-    os.environ[selection.ENV_VAR] = kernel
-    os.environ[selection.CONFIG_ENV_VAR] = launch
-    try:
-        yield
-    finally:
-        del os.environ[selection.ENV_VAR], os.environ[selection.CONFIG_ENV_VAR]
+from . import shapes as shapes_lib
 
 
 def _compiled(launch, x, w):
-    """One launch compiled: "gemm", "auto", or KERNEL:LAUNCH forced as calibrate.py forces it."""
-    if launch in ("gemm", "auto"):
-        fn = bench_swiglu.gemm_only if launch == "gemm" else bench_swiglu.fused("auto")
-        return jax.jit(fn).lower(x, w).compile()
-    with forced(*launch.split(":", 1)):
-        return jax.jit(bench_swiglu.fused("auto")).lower(x, w).compile()
+    """One launch compiled: "gemm", "auto", or a forced launch (``swiglu(launch=...)``)."""
+    if launch == "gemm":
+        return jax.jit(bench_swiglu.gemm_only).lower(x, w).compile()
+    fn = bench_swiglu.fused("auto", launch=None if launch == "auto" else launch)
+    return jax.jit(fn).lower(x, w).compile()
 
 
 def main(argv=None):
@@ -57,7 +41,7 @@ def main(argv=None):
 
     for row in args.rows:
         model, m = row.rsplit(":", 1)
-        k, n = _shapes.mlp_shape(model)
+        k, n = shapes_lib.mlp_shape(model)
         x, w = bench_swiglu._make_sets(jax.random.key(0), int(m), k, n, 1)[0]
         compiled = {launch: _compiled(launch, x, w) for launch in args.launches}
         for fn in compiled.values():

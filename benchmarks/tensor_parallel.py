@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_swiglu  # noqa: E402
-from jax_swiglu import QWEN25_MLPS  # noqa: E402
+from benchmarks.shapes import QWEN25_MLPS  # noqa: E402
 
 from . import bench_swiglu, environment as environment_lib  # noqa: E402
 

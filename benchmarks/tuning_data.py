@@ -7,7 +7,7 @@
 Merges each calibration (benchmarks/calibrate.py) into jax_swiglu/data/<device kind>.json:
 the file is the union of the runs, each entry (one dtype, M, N, K) from the newest run that
 measured it, pointing at that run's provenance (date, commit, GPU, driver, CUDA, jax,
-CUTLASS, command). Rows of the held-out shapes and M (jax_swiglu/_shapes.py) never enter
+CUTLASS, command). Rows of the held-out shapes and M (benchmarks/shapes.py) never enter
 it: the report instead asks the selection's learned rule what it would pick there, from the
 data alone, and compares that launch's measured time with the fastest measured.
 
@@ -25,8 +25,9 @@ import math
 import os
 import sys
 
-from jax_swiglu import _shapes
-from jax_swiglu.selection import _data, _device, _engine
+from jax_swiglu.selection import _data, _device, _engine, _heuristic, _model
+
+from . import shapes as shapes_lib
 
 
 def _provenance(calibration: dict) -> dict:
@@ -71,7 +72,8 @@ def legacy_calibration(old: dict, current_configs: dict, device_facts: dict) -> 
         for config_id, fields in table.items():
             if set(fields) - _LEGACY_CONFIG_FIELDS:
                 continue  # an experiment's config (a field the product has no longer)
-            key = _native.config_key(kernel, fields["schedule"], fields.get("m_side", "tokens"),
+            key = _native.config_key(kernel, "16bit", fields["schedule"],
+                                     fields.get("m_side", "tokens"),
                                      fields["tile_m"], fields["tile_n"], fields["tile_k"],
                                      fields["cluster_m"], fields["cluster_n"],
                                      fields.get("scheduler", "persistent"),
@@ -100,8 +102,17 @@ def held_out(row: dict, calibration: dict) -> bool:
 
 
 def empty_document(device: dict) -> dict:
-    return {"format": _data.FORMAT, "device": device, "calibrations": {}, "configs": {},
-            "entries": []}
+    """A data file for a device nobody measured yet: its model constants are another shipped
+    SM90 part's until --fit-model fits its own."""
+    source = _data.any_sm90()
+    if source is None:
+        raise ValueError("no shipped tuning data to take the model constants from")
+    with open(source.source) as f:
+        model = json.load(f)["model"]
+    model = dict(model, provenance=f"copied from {source.device['kind']}'s data "
+                                   f"({os.path.basename(source.source)})")
+    return {"format": _data.FORMAT, "device": device, "model": model, "calibrations": {},
+            "configs": {}, "entries": []}
 
 
 def merge(document: dict, calibration: dict, *, include_held_out: bool = False) -> int:
@@ -148,13 +159,23 @@ def evaluate(data: _data.TuningData, rows) -> list[dict]:
     from it), that launch's measured time over the fastest measured, and over XLA's."""
     device = _device.device_from_dict(data.device, local=False)
     configs = {key: data.config(key) for key in data.configs}
+
+    def measured_splits(config, k):
+        # The data's configs need not be this build's rows: their splits are those measured.
+        return tuple(sorted(data.measured_splits(config.key))) or (1,)
+
     results = []
     for row in rows:
         if not row["launch_us"]:
             continue
         m, n, k, dtype = row["m"], row["n"], row["k"], row["dtype"]
         candidates = [c for c in configs.values() if c is not None and c.runs(m)]
-        predicted, learned = _engine.predict(data, device, candidates, dtype, m, n, k)
+        model = _model.Problem(m, n, k, 1 if dtype == "float8_e4m3fn" else 2)
+        predicted = _engine.predict(data, device, candidates, dtype, model, measured_splits)
+        learned = bool(predicted)
+        if not learned:
+            predicted = _heuristic.model_alone(candidates, model, device, data.constants,
+                                               measured_splits)
         measured = {_data.parse_launch_id(launch): us for launch, us in row["launch_us"].items()}
         timed = {key: us for key, us in predicted.items() if key in measured}
         if not timed:
@@ -176,7 +197,7 @@ def evaluate(data: _data.TuningData, rows) -> list[dict]:
 def cross_validate(document: dict) -> list[dict]:
     """Leave one shape out (see the module docstring): ``evaluate`` on every entry of each
     measured (N, K), from the data without that shape."""
-    names = {shape: name for name, shape in _shapes.PUBLIC_MLPS.items()}
+    names = {shape: name for name, shape in shapes_lib.PUBLIC_MLPS.items()}
     shapes = sorted({(e["k"], e["n"]) for e in document["entries"]})
     results = []
     for k, n in shapes:
@@ -186,6 +207,42 @@ def cross_validate(document: dict) -> list[dict]:
                 for e in document["entries"] if (e["k"], e["n"]) == (k, n)]
         results += evaluate(_data.TuningData(rest), rows)
     return results
+
+
+# Multiplicative steps tried on each cost constant, in the order tried.
+_FIT_STEPS = (0.8, 1.25, 0.9, 1.1)
+
+
+def _geomean(results) -> float:
+    return math.exp(sum(math.log(r["ratio"]) for r in results) / len(results))
+
+
+def fit_model(document: dict, rounds: int = 2, log=print) -> dict:
+    """Refits the cost model's constants (``model.cost``) to the data: coordinate descent on
+    the leave-one-shape-out geomean of chosen/fastest, one constant at a time, each stepped
+    by the factors of _FIT_STEPS while a step improves it. Returns the new document (the
+    constants, and a provenance that says what they reached)."""
+    best = dict(document["model"]["cost"])
+    score = _geomean(cross_validate(document))
+    start = score
+    for _ in range(rounds):
+        improved = False
+        for name in sorted(best):
+            for step in _FIT_STEPS:
+                trial = dict(best, **{name: best[name] * step})
+                candidate = dict(document, model=dict(document["model"], cost=trial))
+                value = _geomean(cross_validate(candidate))
+                if value < score - 1e-5:
+                    best, score, improved = trial, value, True
+                    log(f"{name} x{step}: leave-one-shape-out geomean {value:.4f}")
+                    break
+        if not improved:
+            break
+    model = dict(document["model"], cost=best,
+                 provenance=f"fitted by python -m benchmarks.tuning_data --fit-model: "
+                            f"leave-one-shape-out geomean {start:.4f} -> {score:.4f} over "
+                            f"{len(document['entries'])} entries")
+    return dict(document, model=model)
 
 
 def _cell(launch: str) -> str:
@@ -257,11 +314,14 @@ def main(argv=None):
                         help="add the leave-one-shape-out report on the data file (after any "
                              "merge; with no calibrations, the shipped file of the one shipped "
                              "device or --data)")
+    parser.add_argument("--fit-model", action="store_true",
+                        help="refit the cost model's constants to the data (after any merge) "
+                             "and write them to the data file")
     parser.add_argument("--legacy", nargs="*", default=[],
                         help="wave-1 calibration JSONs to import first (see LEGACY_METHOD)")
     args = parser.parse_args(argv)
-    if not args.calibrations and not args.cross_validate:
-        parser.error("give calibration JSONs, or --cross-validate")
+    if not args.calibrations and not args.cross_validate and not args.fit_model:
+        parser.error("give calibration JSONs, or --cross-validate or --fit-model")
     calibrations = []
     for path in args.calibrations:
         with open(path) as f:
@@ -299,6 +359,10 @@ def main(argv=None):
         for calibration, source in zip(calibrations, args.calibrations):
             written = merge(document, calibration, include_held_out=args.include_held_out)
             print(f"{source}: {written} entries")
+    if args.fit_model:
+        document = fit_model(document)
+        print(document["model"]["provenance"])
+    if (calibrations and not args.report_only) or args.fit_model:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(document, f, indent=1, sort_keys=True)

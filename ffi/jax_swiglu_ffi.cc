@@ -1,10 +1,12 @@
 // XLA FFI handlers for the fused gated-MLP kernels and the nanobind module that hands them
 // to Python (jax_swiglu/_native.py registers every capsule in `registrations()`). One
-// target per (kernel family, activation, dtype); its name says all three.
+// target per (kernel family, operands, activation, dtype); its name says all four, and its
+// `config` attribute is a row of the one table (kernel_configs.h).
 //
 // Handlers are typed, take the stream from PlatformStream<cudaStream_t>, validate
-// everything they are given, and report problems as ffi::Error values: they never throw,
-// abort, synchronize or allocate, so they are safe inside XLA's command buffers.
+// everything they are given (the row's CannotRun, can_implement.h, which Python asks too),
+// and report problems as ffi::Error values: they never throw, abort, synchronize or
+// allocate, so they are safe inside XLA's command buffers.
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -12,12 +14,14 @@
 
 #include <cstdint>
 #include <limits>
-#include <stdexcept>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "can_implement.h"
+#include "dispatch.h"
 #include "kernel_configs.h"
 #include "launch.h"
 #include "timing.h"
@@ -32,59 +36,30 @@ namespace {
 template <ffi::DataType T>
 using ElementTagFor = std::conditional_t<T == ffi::DataType::BF16, BF16, F16>;
 
-// Runtime config id -> the instantiation `launch(std::integral_constant<int, id>)`, for the
-// rows of `table` this build compiled.
-template <int Id, int Count, const KernelConfig (&table)[Count], class Launch>
-std::string DispatchConfig(const char* kernel, int64_t config, Launch&& launch) {
-  if constexpr (Id == Count) {
-    return std::string("unknown ") + kernel + " kernel config " + std::to_string(config);
+// Runtime row id -> `launch(std::integral_constant<int, id>)` for a row of `kFamily` on
+// `kOperands` that this build compiled (an instantiation exists only for those), or why not.
+template <Family kFamily, Operands kOperands, int Id = 0, class Launch>
+std::string WithRow(int64_t config, Launch&& launch) {
+  if constexpr (Id == kConfigCount) {
+    return "unknown kernel config " + std::to_string(config) + " (the table has rows 0.." +
+           std::to_string(kConfigCount - 1) + ")";
   } else {
     if (config == Id) {
-      if constexpr (table[Id].compiled()) {
+      constexpr KernelConfig row = kConfigs[Id];
+      if constexpr (row.family == kFamily && row.operands == kOperands && row.compiled()) {
         return launch(std::integral_constant<int, Id>{});
+      } else if constexpr (row.family == kFamily && row.operands == kOperands) {
+        return RowName(row) + " is not compiled in this build (install with "
+               "JAX_SWIGLU_ALL_CONFIGS=1)";
       } else {
-        return std::string(kernel) + " kernel config " + std::to_string(config) +
-               " is not compiled in this build (rebuild with -DJAX_SWIGLU_ALL_CONFIGS=ON)";
+        return RowName(row) + " is not a row of this target's kernel (" +
+               FamilyName(kFamily) +
+               (kOperands == Operands::Fp8E4m3 ? ", e4m3" : ", 16-bit") + " operands)";
       }
     }
-    return DispatchConfig<Id + 1, Count, table>(kernel, config, launch);
+    return WithRow<kFamily, kOperands, Id + 1>(config, launch);
   }
 }
-
-// The kernel families: name, config id -> launch, and config id -> workspace bytes (an
-// error message for an unknown id), over each one's config table. A family `Kernel` has the
-// table k<Kernel>Configs of JAX_SWIGLU_NUM_<TABLE>_CONFIGS rows (kernel_configs.h) and the
-// launch.h templates Launch<Kernel> and <Kernel>WorkspaceBytes; the fp8 family's element
-// tag is the output's.
-#define JAX_SWIGLU_KERNEL_FAMILY(Kernel, name, TABLE)                                        \
-  struct Kernel {                                                                           \
-    static constexpr const char* kName = name;                                              \
-    template <class ElementTag, Activation kActivation>                                     \
-    static std::string Launch(int64_t config, const SwigluProblem& problem,                 \
-                              const DeviceFacts& device, cudaStream_t stream) {             \
-      return DispatchConfig<0, JAX_SWIGLU_NUM_##TABLE##_CONFIGS, k##Kernel##Configs>(       \
-          kName, config, [&](auto id) {                                                     \
-            return Launch##Kernel<decltype(id)::value, ElementTag, kActivation>(problem,    \
-                                                                                device,     \
-                                                                                stream);    \
-          });                                                                               \
-    }                                                                                       \
-    template <class ElementTag, Activation kActivation>                                     \
-    static std::string WorkspaceBytes(int64_t config, const SwigluProblem& problem,         \
-                                      const DeviceFacts& device, size_t* bytes) {           \
-      return DispatchConfig<0, JAX_SWIGLU_NUM_##TABLE##_CONFIGS, k##Kernel##Configs>(       \
-          kName, config, [&](auto id) {                                                     \
-            *bytes = Kernel##WorkspaceBytes<decltype(id)::value, ElementTag, kActivation>(  \
-                problem, device);                                                           \
-            return std::string();                                                           \
-          });                                                                               \
-    }                                                                                       \
-  };
-JAX_SWIGLU_KERNEL_FAMILY(Interleaved, "interleaved", INTERLEAVED)
-JAX_SWIGLU_KERNEL_FAMILY(Pingpong, "pingpong", PINGPONG)
-JAX_SWIGLU_KERNEL_FAMILY(Fp8, "fp8", FP8)
-JAX_SWIGLU_KERNEL_FAMILY(Gemv, "gemv", GEMV)
-#undef JAX_SWIGLU_KERNEL_FAMILY
 
 // A call of `f(std::integral_constant<Activation, a>)` for the activation named `name`
 // (kernel_configs.h's names), or an error message.
@@ -99,6 +74,14 @@ std::string WithActivation(const std::string& name, F&& f) {
   return "unknown activation " + name;
 }
 
+// A call of `f(element tag)` for the dtype named `dtype`, or an error message.
+template <class F>
+std::string WithElement(const std::string& dtype, F&& f) {
+  if (dtype == "bfloat16") return f(BF16{});
+  if (dtype == "float16") return f(F16{});
+  return "unknown dtype " + dtype + " (bfloat16 or float16)";
+}
+
 template <class Dimensions>
 std::string Dims(Dimensions dims) {
   std::string s = "[";
@@ -106,28 +89,36 @@ std::string Dims(Dimensions dims) {
   return s + "]";
 }
 
-// Shape checks shared by every kernel: x [M, K], packed [K, 2 * n_packed], out [M, N].
-template <class Buffer>
-ffi::Error DescribeProblem(const Buffer& x, const Buffer& packed, const Buffer& out,
-                           SwigluProblem* problem) {
+// The shapes every kernel takes: x [M, K], the packed weights [K, 2 * n_packed] (or K-major,
+// [2 * n_packed, K], for e4m3 operands) and out [M, N], with N in the last gate/up block.
+template <class X, class Packed, class Out>
+std::string DescribeProblem(const X& x, const Packed& packed, const Out& out, bool k_major,
+                            SwigluProblem* problem) {
   auto xd = x.dimensions(), wd = packed.dimensions(), od = out.dimensions();
+  const char* layout = k_major ? "[2N', K]" : "[K, 2N']";
   if (xd.size() != 2 || wd.size() != 2 || od.size() != 2) {
-    return ffi::Error::InvalidArgument("jax_swiglu: expected x [M, K], packed [K, 2N'], out [M, N]; got " +
-                                       Dims(xd) + ", " + Dims(wd) + ", " + Dims(od));
+    return std::string("expected x [M, K], packed ") + layout + ", out [M, N]; got " +
+           Dims(xd) + ", " + Dims(wd) + ", " + Dims(od);
   }
+  const int64_t packed_k = k_major ? wd[1] : wd[0];
+  const int64_t packed_columns = k_major ? wd[0] : wd[1];
   SwigluProblem& p = *problem;
   p = SwigluProblem{x.untyped_data(), packed.untyped_data(), out.untyped_data(),
-                    xd[0], od[1], wd[1] / 2, xd[1], /*swizzle=*/1, /*raster=*/0};
-  if (wd[0] != p.k || od[0] != p.m || wd[1] % (2 * kGateUpBlock) != 0 || p.n > p.n_packed ||
-      p.n <= p.n_packed - kGateUpBlock) {
-    return ffi::Error::InvalidArgument("jax_swiglu: inconsistent shapes x " + Dims(xd) +
-                                       ", packed " + Dims(wd) + ", out " + Dims(od));
+                    xd[0], od[1], packed_columns / 2, xd[1], /*swizzle=*/1, /*raster=*/0};
+  if (packed_k != p.k || od[0] != p.m || packed_columns % (2 * kGateUpBlock) != 0 ||
+      p.n > p.n_packed || p.n <= p.n_packed - kGateUpBlock) {
+    return "inconsistent shapes x " + Dims(xd) + ", packed " + Dims(wd) + ", out " + Dims(od);
   }
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (p.m > kMax || p.k > kMax || 2 * p.n_packed > kMax) {
-    return ffi::Error::InvalidArgument("jax_swiglu: a dimension exceeds 2^31 - 1");
+  return {};
+}
+
+// An int64 attribute as the int field it sets, or why it does not fit.
+std::string SetInt(int64_t value, const char* name, int* field) {
+  if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
+    return std::string(name) + " is out of range: " + std::to_string(value);
   }
-  return ffi::Error::Success();
+  *field = static_cast<int>(value);
+  return {};
 }
 
 // The current device, which must be an SM90 GPU.
@@ -145,87 +136,72 @@ ffi::Error CheckDevice(DeviceFacts* device) {
   return ffi::Error::Success();
 }
 
-// Split-K factors the handler accepts (the selection asks for a few at most).
-constexpr int64_t kMaxSplits = 16;
-
-// The tile-order and split attributes every handler takes, checked into `problem`.
-ffi::Error SetTileOrder(int64_t swizzle, int64_t raster, int64_t splits, SwigluProblem* problem) {
-  if ((swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) || raster < 0 ||
-      raster > 2) {
-    return ffi::Error::InvalidArgument("jax_swiglu: swizzle must be 1, 2, 4 or 8 and raster "
-                                       "0, 1 or 2; got " + std::to_string(swizzle) + ", " +
-                                       std::to_string(raster));
+// What both handlers do once the operands are described: the launch attributes and the
+// workspace into `problem`, then the launch on the current (SM90) device.
+template <Family kFamily, Operands kOperands, Activation kActivation, ffi::DataType T>
+ffi::Error Run(cudaStream_t stream, SwigluProblem problem,
+               std::optional<ffi::Result<ffi::AnyBuffer>>& workspace, int64_t config,
+               int64_t swizzle, int64_t raster, int64_t splits, int64_t promotion) {
+  std::string err = SetInt(swizzle, "swizzle", &problem.swizzle);
+  if (err.empty()) err = SetInt(raster, "raster", &problem.raster);
+  if (err.empty()) err = SetInt(splits, "splits", &problem.splits);
+  if (err.empty()) err = SetInt(promotion, "promotion", &problem.fp8_promotion);
+  if (!err.empty()) return ffi::Error::InvalidArgument("jax_swiglu: " + err);
+  if (workspace.has_value()) {
+    problem.workspace = (*workspace)->untyped_data();
+    problem.workspace_bytes = (*workspace)->size_bytes();
   }
-  if (splits < 1 || splits > kMaxSplits) {
-    return ffi::Error::InvalidArgument("jax_swiglu: splits must be in 1.." +
-                                       std::to_string(kMaxSplits) + "; got " +
-                                       std::to_string(splits));
-  }
-  problem->swizzle = static_cast<int>(swizzle);
-  problem->raster = static_cast<int>(raster);
-  problem->splits = static_cast<int>(splits);
+  if (problem.m == 0) return ffi::Error::Success();  // nothing to write
+  DeviceFacts device;
+  if (ffi::Error e = CheckDevice(&device); e.failure()) return e;
+  err = WithRow<kFamily, kOperands>(config, [&](auto id) {
+    return LaunchRow<decltype(id)::value, ElementTagFor<T>, kActivation>(problem, device, stream);
+  });
+  if (!err.empty()) return ffi::Error::Internal("jax_swiglu: " + err);
   return ffi::Error::Success();
 }
 
-// `workspace`: present where the config needs one (the lowering sizes it with
-// workspace_bytes below); the launcher checks that it is large enough.
-template <class Family, Activation kActivation, ffi::DataType T>
+// 16-bit operands: x [M, K] and packed [K, 2 * n_packed] of the output's dtype. `workspace`:
+// present where the config needs one (the lowering sizes it with workspace_bytes below); the
+// launcher checks that it is large enough.
+template <Family kFamily, Activation kActivation, ffi::DataType T>
 ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
                   ffi::Result<ffi::Buffer<T>> out,
                   std::optional<ffi::Result<ffi::AnyBuffer>> workspace, int64_t config,
                   int64_t swizzle, int64_t raster, int64_t splits) {
   SwigluProblem problem;
-  if (ffi::Error err = DescribeProblem(x, packed, *out, &problem); err.failure()) return err;
-  if (workspace.has_value()) {
-    problem.workspace = (*workspace)->untyped_data();
-    problem.workspace_bytes = (*workspace)->size_bytes();
+  if (std::string err = DescribeProblem(x, packed, *out, /*k_major=*/false, &problem);
+      !err.empty()) {
+    return ffi::Error::InvalidArgument("jax_swiglu: " + err);
   }
-  if (ffi::Error err = SetTileOrder(swizzle, raster, splits, &problem); err.failure()) {
-    return err;
-  }
-  if (problem.m == 0) return ffi::Error::Success();  // nothing to write
-  DeviceFacts device;
-  if (ffi::Error err = CheckDevice(&device); err.failure()) return err;
-  std::string err =
-      Family::template Launch<ElementTagFor<T>, kActivation>(config, problem, device, stream);
-  if (!err.empty()) return ffi::Error::Internal("jax_swiglu: " + err);
-  return ffi::Error::Success();
+  return Run<kFamily, Operands::Bits16, kActivation, T>(stream, problem, workspace, config,
+                                                        swizzle, raster, splits,
+                                                        /*promotion=*/4);
 }
 
-// The fp8 kernel: x_q [M, K] and packed [2 * n_packed, K] in e4m3 (K-major), x_scale [M],
-// w_scale [2 * n_packed] (a scale per packed column) or [1] / [] (one for all), out [M, N].
+// e4m3 operands: x_q [M, K] and packed [2 * n_packed, K] (K-major), x_scale [M], w_scale
+// [2 * n_packed] (a scale per packed column) or [1] / [] (one for all), out [M, N] in
+// bfloat16 or float16. (x and packed come as AnyBuffer, their element type checked here: the
+// FFI has no native C++ type for fp8 buffers.)
 template <Activation kActivation, ffi::DataType T>
-// (x and packed come as AnyBuffer, their element type checked here: the FFI has no native
-// C++ type for fp8 buffers.)
-ffi::Error SwigluFp8(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::DataType::F32> x_scale,
-                     ffi::AnyBuffer packed, ffi::Buffer<ffi::DataType::F32> w_scale,
-                     ffi::Result<ffi::Buffer<T>> out,
+ffi::Error SwigluFp8(cudaStream_t stream, ffi::AnyBuffer x,
+                     ffi::Buffer<ffi::DataType::F32> x_scale, ffi::AnyBuffer packed,
+                     ffi::Buffer<ffi::DataType::F32> w_scale, ffi::Result<ffi::Buffer<T>> out,
                      std::optional<ffi::Result<ffi::AnyBuffer>> workspace, int64_t config,
                      int64_t swizzle, int64_t raster, int64_t splits, int64_t promotion) {
   if (x.element_type() != ffi::DataType::F8E4M3FN ||
       packed.element_type() != ffi::DataType::F8E4M3FN) {
     return ffi::Error::InvalidArgument("jax_swiglu fp8: x and packed must be float8_e4m3fn");
   }
-  auto xd = x.dimensions(), wd = packed.dimensions(), od = out->dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || od.size() != 2) {
-    return ffi::Error::InvalidArgument(
-        "jax_swiglu fp8: expected x [M, K], packed [2N', K], out [M, N]; got " + Dims(xd) +
-        ", " + Dims(wd) + ", " + Dims(od));
-  }
-  SwigluProblem problem{x.untyped_data(), packed.untyped_data(), out->untyped_data(),
-                        xd[0], od[1], wd[0] / 2, xd[1], /*swizzle=*/1, /*raster=*/0};
-  if (wd[1] != problem.k || od[0] != problem.m || wd[0] % (2 * kGateUpBlock) != 0 ||
-      problem.n > problem.n_packed || problem.n <= problem.n_packed - kGateUpBlock) {
-    return ffi::Error::InvalidArgument("jax_swiglu fp8: inconsistent shapes x " + Dims(xd) +
-                                       ", packed " + Dims(wd) + ", out " + Dims(od));
-  }
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (problem.m > kMax || problem.k > kMax || 2 * problem.n_packed > kMax) {
-    return ffi::Error::InvalidArgument("jax_swiglu: a dimension exceeds 2^31 - 1");
+  SwigluProblem problem;
+  if (std::string err = DescribeProblem(x, packed, *out, /*k_major=*/true, &problem);
+      !err.empty()) {
+    return ffi::Error::InvalidArgument("jax_swiglu fp8: " + err);
   }
   if (static_cast<int64_t>(x_scale.element_count()) != problem.m) {
     return ffi::Error::InvalidArgument("jax_swiglu fp8: x_scale " + Dims(x_scale.dimensions()) +
-                                       " must hold one scale per row of x " + Dims(xd));
+                                       " must hold one scale per row of x " +
+                                       Dims(x.dimensions()));
   }
   const int64_t w_scales = static_cast<int64_t>(w_scale.element_count());
   if (w_scales != 1 && w_scales != 2 * problem.n_packed) {
@@ -236,25 +212,8 @@ ffi::Error SwigluFp8(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::Dat
   problem.x_scale = x_scale.typed_data();
   problem.w_scale = w_scale.typed_data();
   problem.w_scale_stride = w_scales == 1 ? 0 : 1;
-  if (promotion < 2 || promotion > 64 || promotion % 2 != 0) {
-    return ffi::Error::InvalidArgument("jax_swiglu fp8: promotion must be even, in 2..64; got " +
-                                       std::to_string(promotion));
-  }
-  problem.fp8_promotion = static_cast<int>(promotion);
-  if (workspace.has_value()) {
-    problem.workspace = (*workspace)->untyped_data();
-    problem.workspace_bytes = (*workspace)->size_bytes();
-  }
-  if (ffi::Error err = SetTileOrder(swizzle, raster, splits, &problem); err.failure()) {
-    return err;
-  }
-  if (problem.m == 0) return ffi::Error::Success();
-  DeviceFacts device;
-  if (ffi::Error err = CheckDevice(&device); err.failure()) return err;
-  std::string err =
-      Fp8::template Launch<ElementTagFor<T>, kActivation>(config, problem, device, stream);
-  if (!err.empty()) return ffi::Error::Internal("jax_swiglu: " + err);
-  return ffi::Error::Success();
+  return Run<Family::Interleaved, Operands::Fp8E4m3, kActivation, T>(
+      stream, problem, workspace, config, swizzle, raster, splits, promotion);
 }
 
 }  // namespace
@@ -278,16 +237,11 @@ ffi::Error SwigluFp8(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::Dat
           .Attr<int64_t>("promotion"),                                                   \
       {ffi::Traits::kCmdBufferCompatible})
 
-#define JAX_SWIGLU_DEFINE_FP8_HANDLERS(activation, name)                                   \
-  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##Bf16, activation,                \
-                                ffi::DataType::BF16);                                      \
-  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##F16, activation, ffi::DataType::F16);
-JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_DEFINE_FP8_HANDLERS)
-#undef JAX_SWIGLU_DEFINE_FP8_HANDLERS
-
 #define JAX_SWIGLU_DEFINE_HANDLER(symbol, family, activation, dtype)                     \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                         \
-      symbol, (jax_swiglu::Swiglu<family, jax_swiglu::Activation::activation, dtype>),  \
+      symbol,                                                                            \
+      (jax_swiglu::Swiglu<jax_swiglu::Family::family, jax_swiglu::Activation::activation, \
+                          dtype>),                                                       \
       ffi::Ffi::Bind()                                                                   \
           .Ctx<ffi::PlatformStream<cudaStream_t>>()                                      \
           .Arg<ffi::Buffer<dtype>>()                                                     \
@@ -300,24 +254,30 @@ JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_DEFINE_FP8_HANDLERS)
           .Attr<int64_t>("splits"),                                                      \
       {ffi::Traits::kCmdBufferCompatible})
 
-// Every (family, dtype) handler of one activation.
-#define JAX_SWIGLU_DEFINE_HANDLERS(activation, name)                                      \
-  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleaved##activation##Bf16, jax_swiglu::Interleaved, \
-                            activation, ffi::DataType::BF16);                              \
-  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleaved##activation##F16, jax_swiglu::Interleaved,  \
-                            activation, ffi::DataType::F16);                               \
-  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluPingpong##activation##Bf16, jax_swiglu::Pingpong,       \
-                            activation, ffi::DataType::BF16);                              \
-  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluPingpong##activation##F16, jax_swiglu::Pingpong,        \
-                            activation, ffi::DataType::F16);                               \
-  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluGemv##activation##Bf16, jax_swiglu::Gemv, activation,   \
+// Every handler of one activation: each 16-bit family in both dtypes, and the e4m3
+// interleaved kernel with both output dtypes.
+#define JAX_SWIGLU_DEFINE_HANDLERS(activation, name)                                        \
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleaved##activation##Bf16, Interleaved, activation, \
                             ffi::DataType::BF16);                                          \
-  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluGemv##activation##F16, jax_swiglu::Gemv, activation,    \
-                            ffi::DataType::F16);
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleaved##activation##F16, Interleaved, activation,  \
+                            ffi::DataType::F16);                                           \
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluGateThenUp##activation##Bf16, GateThenUp, activation,   \
+                            ffi::DataType::BF16);                                          \
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluGateThenUp##activation##F16, GateThenUp, activation,    \
+                            ffi::DataType::F16);                                           \
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluGemv##activation##Bf16, Gemv, activation,               \
+                            ffi::DataType::BF16);                                          \
+  JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluGemv##activation##F16, Gemv, activation,                \
+                            ffi::DataType::F16);                                           \
+  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##Bf16, activation,                  \
+                                ffi::DataType::BF16);                                      \
+  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##F16, activation, ffi::DataType::F16);
 JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_DEFINE_HANDLERS)
 #undef JAX_SWIGLU_DEFINE_HANDLERS
 
 namespace {
+
+using jax_swiglu::KernelConfig;
 
 const char* ScheduleName(jax_swiglu::Schedule s) {
   switch (s) {
@@ -325,8 +285,6 @@ const char* ScheduleName(jax_swiglu::Schedule s) {
       return "cooperative";
     case jax_swiglu::Schedule::CudaCores:
       return "cuda-cores";
-    case jax_swiglu::Schedule::MmaSync:
-      return "mma-sync";
     default:
       return "pingpong";
   }
@@ -345,104 +303,77 @@ const char* SchedulerName(jax_swiglu::TileScheduler s) {
   }
 }
 
-// Every FFI target: its name (which says what runs), the kernel, activation and dtype it
-// runs, and its handler. The one list that both functions below read.
+const char* OperandsName(jax_swiglu::Operands o) {
+  return o == jax_swiglu::Operands::Fp8E4m3 ? "e4m3" : "16bit";
+}
+
+// Every FFI target: its name (which says what runs), the family, operands, activation and
+// dtype (the output's) it runs, and its handler. The one list the functions below read.
 struct Target {
   const char* name;
-  const char* kernel;
+  const char* family;
+  const char* operands;
   const char* activation;
   const char* dtype;
   XLA_FFI_Error* (*handler)(XLA_FFI_CallFrame*);
 };
-#define JAX_SWIGLU_TARGETS(activation, name)                                               \
-  {"jax_swiglu_interleaved_" name "_bf16", "interleaved", name, "bfloat16",                \
-   JaxSwigluInterleaved##activation##Bf16},                                                \
-      {"jax_swiglu_interleaved_" name "_f16", "interleaved", name, "float16",              \
-       JaxSwigluInterleaved##activation##F16},                                             \
-      {"jax_swiglu_pingpong_" name "_bf16", "pingpong", name, "bfloat16",                  \
-       JaxSwigluPingpong##activation##Bf16},                                               \
-      {"jax_swiglu_pingpong_" name "_f16", "pingpong", name, "float16",                    \
-       JaxSwigluPingpong##activation##F16},                                                  \
-      {"jax_swiglu_gemv_" name "_bf16", "gemv", name, "bfloat16",                          \
+#define JAX_SWIGLU_TARGETS(activation, name)                                                 \
+  {"jax_swiglu_interleaved_" name "_bf16", "interleaved", "16bit", name, "bfloat16",         \
+   JaxSwigluInterleaved##activation##Bf16},                                                  \
+      {"jax_swiglu_interleaved_" name "_f16", "interleaved", "16bit", name, "float16",       \
+       JaxSwigluInterleaved##activation##F16},                                               \
+      {"jax_swiglu_gate_then_up_" name "_bf16", "gate_then_up", "16bit", name, "bfloat16",   \
+       JaxSwigluGateThenUp##activation##Bf16},                                               \
+      {"jax_swiglu_gate_then_up_" name "_f16", "gate_then_up", "16bit", name, "float16",     \
+       JaxSwigluGateThenUp##activation##F16},                                                \
+      {"jax_swiglu_gemv_" name "_bf16", "gemv", "16bit", name, "bfloat16",                   \
        JaxSwigluGemv##activation##Bf16},                                                     \
-      {"jax_swiglu_gemv_" name "_f16", "gemv", name, "float16",                            \
-       JaxSwigluGemv##activation##F16},
+      {"jax_swiglu_gemv_" name "_f16", "gemv", "16bit", name, "float16",                     \
+       JaxSwigluGemv##activation##F16},                                                      \
+      {"jax_swiglu_interleaved_fp8_" name "_bf16", "interleaved", "e4m3", name, "bfloat16",  \
+       JaxSwigluFp8##activation##Bf16},                                                      \
+      {"jax_swiglu_interleaved_fp8_" name "_f16", "interleaved", "e4m3", name, "float16",    \
+       JaxSwigluFp8##activation##F16},
 const Target kTargets[] = {JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_TARGETS)};
 #undef JAX_SWIGLU_TARGETS
-// The fp8 kernel's targets, by output dtype (its operands are e4m3).
-#define JAX_SWIGLU_FP8_TARGETS(activation, name)                                           \
-  {"jax_swiglu_interleaved_fp8_" name "_bf16", "fp8", name, "bfloat16",                    \
-   JaxSwigluFp8##activation##Bf16},                                                        \
-      {"jax_swiglu_interleaved_fp8_" name "_f16", "fp8", name, "float16",                  \
-       JaxSwigluFp8##activation##F16},
-const Target kFp8Targets[] = {JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_FP8_TARGETS)};
-#undef JAX_SWIGLU_FP8_TARGETS
 
-// A family's workspace size for an activation and dtype given by name ("" or an error
-// message).
-template <class Family>
-std::string WorkspaceBytes(const std::string& activation, const std::string& dtype,
-                           int64_t config, const jax_swiglu::SwigluProblem& problem,
-                           const jax_swiglu::DeviceFacts& device, size_t* bytes) {
-  return jax_swiglu::WithActivation(activation, [&](auto act) -> std::string {
-    if (dtype == "bfloat16") {
-      return Family::template WorkspaceBytes<jax_swiglu::BF16, decltype(act)::value>(
-          config, problem, device, bytes);
-    }
-    if (dtype == "float16") {
-      return Family::template WorkspaceBytes<jax_swiglu::F16, decltype(act)::value>(
-          config, problem, device, bytes);
-    }
-    return "unknown dtype " + dtype;
-  });
+const KernelConfig& Row(int64_t config) {
+  if (config < 0 || config >= jax_swiglu::kConfigCount) {
+    throw std::invalid_argument("jax_swiglu: unknown kernel config " + std::to_string(config));
+  }
+  return jax_swiglu::kConfigs[config];
 }
 
-// A family's launch for an activation and dtype given by name ("" or an error message).
-template <class Family>
-std::string LaunchByName(const std::string& activation, const std::string& dtype,
-                         int64_t config, const jax_swiglu::SwigluProblem& problem,
-                         const jax_swiglu::DeviceFacts& device, cudaStream_t stream) {
-  return jax_swiglu::WithActivation(activation, [&](auto act) -> std::string {
-    if (dtype == "bfloat16") {
-      return Family::template Launch<jax_swiglu::BF16, decltype(act)::value>(config, problem,
-                                                                              device, stream);
+// Any compiled row by id: `f(std::integral_constant<int, id>)`, or an error message.
+template <int Id = 0, class F>
+std::string WithCompiledRow(int64_t config, F&& f) {
+  if constexpr (Id == jax_swiglu::kConfigCount) {
+    return "unknown kernel config " + std::to_string(config);
+  } else {
+    if (config == Id) {
+      if constexpr (jax_swiglu::kConfigs[Id].compiled()) {
+        return f(std::integral_constant<int, Id>{});
+      } else {
+        return jax_swiglu::RowName(jax_swiglu::kConfigs[Id]) +
+               " is not compiled in this build (install with JAX_SWIGLU_ALL_CONFIGS=1)";
+      }
     }
-    if (dtype == "float16") {
-      return Family::template Launch<jax_swiglu::F16, decltype(act)::value>(config, problem,
-                                                                             device, stream);
-    }
-    return "unknown dtype " + dtype;
-  });
-}
-
-// The compiled rows of `table` as dicts (the columns of kernel_configs.h), onto `l`.
-template <size_t N>
-void AppendConfigs(const char* kernel, const jax_swiglu::KernelConfig (&table)[N], nb::list& l) {
-  for (const jax_swiglu::KernelConfig& c : table) {
-    if (!c.compiled()) continue;
-    nb::dict d;
-    d["kernel"] = kernel;
-    d["id"] = c.id;
-    d["schedule"] = ScheduleName(c.schedule);
-    d["m_side"] = c.m_side == jax_swiglu::MmaMSide::Weights ? "weights" : "tokens";
-    d["tile_m"] = c.tile_m;
-    d["tile_n"] = c.tile_n;
-    d["tile_k"] = c.tile_k;
-    d["cluster_m"] = c.cluster_m;
-    d["cluster_n"] = c.cluster_n;
-    d["scheduler"] = SchedulerName(c.scheduler);
-    d["store"] = c.store == jax_swiglu::OutputStore::DirectStore ? "direct" : "tma";
-    d["m_bands"] = c.m_bands;
-    d["optional"] = c.build == jax_swiglu::Build::Optional;
-    l.append(d);
+    return WithCompiledRow<Id + 1>(config, f);
   }
 }
 
-void CheckDimensions(int64_t m, int64_t k, int64_t n_packed) {
+jax_swiglu::SwigluProblem ProblemOf(int64_t m, int64_t n, int64_t n_packed, int64_t k,
+                                    int64_t swizzle, int64_t raster, int64_t splits,
+                                    int64_t promotion) {
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (m > kMax || k > kMax || 2 * n_packed > kMax) {
-    throw std::invalid_argument("jax_swiglu: a dimension exceeds 2^31 - 1");
+  for (int64_t v : {m, n, k, 2 * n_packed, swizzle, raster, splits, promotion}) {
+    if (v > kMax || v < -kMax) throw std::invalid_argument("jax_swiglu: a dimension exceeds 2^31 - 1");
   }
+  jax_swiglu::SwigluProblem p{nullptr, nullptr, nullptr, m, n, n_packed, k,
+                              static_cast<int>(swizzle), static_cast<int>(raster),
+                              static_cast<int>(splits)};
+  p.fp8_promotion = static_cast<int>(promotion);
+  return p;
 }
 
 }  // namespace
@@ -454,43 +385,73 @@ NB_MODULE(_kernels, m) {
   m.def("registrations", []() {
     nb::dict d;
     for (const Target& t : kTargets) d[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
-    for (const Target& t : kFp8Targets) {
-      d[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
-    }
     return d;
   });
 
-  // (name, kernel, activation, dtype) of every target, so Python never spells a target
-  // name itself.
-  auto target_list = [](const auto& targets) {
+  // (name, family, operands, activation, dtype) of every target, so Python never spells a
+  // target name itself.
+  m.def("targets", []() {
     nb::list l;
-    for (const Target& t : targets) {
+    for (const Target& t : kTargets) {
       nb::dict d;
       d["name"] = t.name;
-      d["kernel"] = t.kernel;
+      d["family"] = t.family;
+      d["operands"] = t.operands;
       d["activation"] = t.activation;
       d["dtype"] = t.dtype;
       l.append(d);
     }
     return l;
-  };
-  m.def("targets", [target_list]() { return target_list(kTargets); });
-  // The same for the fp8 kernel (its `dtype` is the output's; x and weights are e4m3).
-  m.def("fp8_targets", [target_list]() { return target_list(kFp8Targets); });
+  });
 
-  // The tile configurations this build compiled (ffi/kernel_configs.h), by kernel.
+  // Every row of the table (kernel_configs.h), compiled in this build or not, with what
+  // follows from it.
   m.def("kernel_configs", []() {
     nb::list l;
-    AppendConfigs(jax_swiglu::Interleaved::kName, jax_swiglu::kInterleavedConfigs, l);
-    AppendConfigs(jax_swiglu::Pingpong::kName, jax_swiglu::kPingpongConfigs, l);
-    AppendConfigs(jax_swiglu::Gemv::kName, jax_swiglu::kGemvConfigs, l);
+    for (const KernelConfig& c : jax_swiglu::kConfigs) {
+      nb::dict d;
+      d["id"] = c.id;
+      d["family"] = jax_swiglu::FamilyName(c.family);
+      d["operands"] = OperandsName(c.operands);
+      d["schedule"] = ScheduleName(c.schedule);
+      d["m_side"] = c.m_side == jax_swiglu::MmaMSide::Weights ? "weights" : "tokens";
+      d["tile_m"] = c.tile_m;
+      d["tile_n"] = c.tile_n;
+      d["tile_k"] = c.tile_k;
+      d["cluster_m"] = c.cluster_m;
+      d["cluster_n"] = c.cluster_n;
+      d["scheduler"] = SchedulerName(c.scheduler);
+      d["store"] = c.store == jax_swiglu::OutputStore::DirectStore ? "direct" : "tma";
+      d["m_bands"] = c.m_bands;
+      d["optional"] = c.build == jax_swiglu::Build::Optional;
+      d["compiled"] = c.compiled();
+      d["max_m"] = c.max_m();
+      d["m_multiple"] = c.m_multiple();
+      d["ctas_per_sm"] = c.ctas_per_sm();
+      d["takes_splits"] = c.takes_splits();
+      l.append(d);
+    }
     return l;
   });
-  // The fp8 kernel's configurations (a table of their own: they run other operands).
-  m.def("fp8_configs", []() {
-    nb::list l;
-    AppendConfigs(jax_swiglu::Fp8::kName, jax_swiglu::kFp8Configs, l);
-    return l;
+
+  // Why row `config` cannot run a problem with these shapes and launch attributes ("" if it
+  // can): the check every launch makes first.
+  m.def(
+      "can_implement",
+      [](int64_t config, int64_t m, int64_t n, int64_t k, int64_t splits, int64_t swizzle,
+         int64_t raster, int64_t promotion) -> std::string {
+        const KernelConfig& row = Row(config);
+        const int64_t n_packed = (n + jax_swiglu::kGateUpBlock - 1) / jax_swiglu::kGateUpBlock *
+                                 jax_swiglu::kGateUpBlock;
+        return jax_swiglu::CannotRun(
+            row, ProblemOf(m, n, n_packed, k, swizzle, raster, splits, promotion));
+      },
+      nb::arg("config"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("splits") = 1,
+      nb::arg("swizzle") = 1, nb::arg("raster") = 0, nb::arg("promotion") = 4);
+
+  // The split-K factors (stream-K) or cluster sizes (gemv) worth trying for row `config` on K.
+  m.def("split_choices", [](int64_t config, int64_t k) {
+    return jax_swiglu::SplitChoices(Row(config), k);
   });
 
   // Bytes of workspace one call needs (0 for most configs): the lowering adds a scratch
@@ -498,51 +459,56 @@ NB_MODULE(_kernels, m) {
   // depends on it); the handler rechecks the size against the GPU it runs on.
   m.def(
       "workspace_bytes",
-      [](const std::string& kernel, const std::string& activation, const std::string& dtype,
-         int64_t config, int64_t m, int64_t n, int64_t n_packed, int64_t k, int64_t swizzle,
-         int64_t raster, int64_t splits, int sm_count) -> size_t {
-        CheckDimensions(m, k, n_packed);
+      [](int64_t config, const std::string& activation, const std::string& dtype, int64_t m,
+         int64_t n, int64_t n_packed, int64_t k, int64_t swizzle, int64_t raster,
+         int64_t splits, int64_t promotion, int sm_count) -> size_t {
+        jax_swiglu::SwigluProblem problem =
+            ProblemOf(m, n, n_packed, k, swizzle, raster, splits, promotion);
         if (m <= 0) return size_t(0);  // the handler launches nothing
-        jax_swiglu::SwigluProblem problem{nullptr, nullptr, nullptr, m,
-                                          n, n_packed, k, static_cast<int>(swizzle),
-                                          static_cast<int>(raster), static_cast<int>(splits)};
+        if (std::string err = jax_swiglu::CannotRun(Row(config), problem); !err.empty()) {
+          throw std::invalid_argument("jax_swiglu: " + err);
+        }
         jax_swiglu::DeviceFacts device{0, sm_count, 9, 0};
         size_t bytes = 0;
-        std::string err = kernel == jax_swiglu::Interleaved::kName
-                              ? WorkspaceBytes<jax_swiglu::Interleaved>(activation, dtype, config,
-                                                                        problem, device, &bytes)
-                          : kernel == jax_swiglu::Pingpong::kName
-                              ? WorkspaceBytes<jax_swiglu::Pingpong>(activation, dtype, config,
-                                                                     problem, device, &bytes)
-                          : kernel == jax_swiglu::Fp8::kName
-                              ? WorkspaceBytes<jax_swiglu::Fp8>(activation, dtype, config,
-                                                                problem, device, &bytes)
-                          : kernel == jax_swiglu::Gemv::kName
-                              ? WorkspaceBytes<jax_swiglu::Gemv>(activation, dtype, config,
-                                                                 problem, device, &bytes)
-                              : "unknown kernel " + kernel;
+        std::string err = WithCompiledRow(config, [&](auto id) {
+          return jax_swiglu::WithActivation(activation, [&](auto act) {
+            return jax_swiglu::WithElement(dtype, [&](auto element) {
+              bytes = jax_swiglu::RowWorkspaceBytes<decltype(id)::value, decltype(element),
+                                                    decltype(act)::value>(problem, device);
+              return std::string();
+            });
+          });
+        });
         if (!err.empty()) throw std::invalid_argument("jax_swiglu: " + err);
         return bytes;
       },
-      nb::arg("kernel"), nb::arg("activation"), nb::arg("dtype"), nb::arg("config"),
-      nb::arg("m"), nb::arg("n"), nb::arg("n_packed"), nb::arg("k"), nb::arg("swizzle"),
-      nb::arg("raster"), nb::arg("splits"), nb::arg("sm_count"));
+      nb::arg("config"), nb::arg("activation"), nb::arg("dtype"), nb::arg("m"), nb::arg("n"),
+      nb::arg("n_packed"), nb::arg("k"), nb::arg("swizzle"), nb::arg("raster"),
+      nb::arg("splits"), nb::arg("promotion"), nb::arg("sm_count"));
 
   // Per-launch GPU times (microseconds) of `samples` replays of a CUDA graph of `calls`
   // launches of one config, launch i reading input set i % len(xs) (device pointers the
-  // caller owns: x [m, k] and packed [k, 2 n_packed] each, out [m, n] of a 2-byte dtype,
-  // poisoned with NaN first, and the workspace the config needs). For tuning only
-  // (ffi/timing.h); raises RuntimeError on a failure.
+  // caller owns: x [m, k] and packed weights each, in the row's operand layout, out [m, n]
+  // of a 2-byte dtype, poisoned with NaN first, the workspace the config needs, and for e4m3
+  // rows the scales: x_scale [m], w_scale [1] or [2 n_packed] with its stride). For tuning
+  // only (ffi/timing.h); raises RuntimeError on a failure.
   m.def(
       "time_launches",
-      [](const std::string& kernel, const std::string& activation, const std::string& dtype,
-         int64_t config, int64_t m, int64_t n, int64_t n_packed, int64_t k, int64_t swizzle,
-         int64_t raster, int64_t splits, const std::vector<uintptr_t>& xs, const std::vector<uintptr_t>& packed, uintptr_t out,
-         uintptr_t workspace, size_t workspace_bytes, int calls, int samples) {
-        CheckDimensions(m, k, n_packed);
+      [](int64_t config, const std::string& activation, const std::string& dtype, int64_t m,
+         int64_t n, int64_t n_packed, int64_t k, int64_t swizzle, int64_t raster,
+         int64_t splits, int64_t promotion, const std::vector<uintptr_t>& xs,
+         const std::vector<uintptr_t>& packed, uintptr_t out, uintptr_t workspace,
+         size_t workspace_bytes, uintptr_t x_scale, uintptr_t w_scale, int w_scale_stride,
+         int calls, int samples) {
+        jax_swiglu::SwigluProblem base =
+            ProblemOf(m, n, n_packed, k, swizzle, raster, splits, promotion);
         if (xs.empty() || xs.size() != packed.size() || m <= 0) {
           throw std::invalid_argument("jax_swiglu: time_launches needs m > 0 and as many x as "
                                       "packed buffers");
+        }
+        const KernelConfig& row = Row(config);
+        if (row.operands == jax_swiglu::Operands::Fp8E4m3 && (!x_scale || !w_scale)) {
+          throw std::invalid_argument("jax_swiglu: an e4m3 row needs x_scale and w_scale");
         }
         cudaPointerAttributes where{};
         if (cudaPointerGetAttributes(&where, reinterpret_cast<void*>(out)) != cudaSuccess ||
@@ -556,23 +522,23 @@ NB_MODULE(_kernels, m) {
         }
         auto launch = [&](int i, cudaStream_t stream) {
           const size_t set = static_cast<size_t>(i) % xs.size();
-          jax_swiglu::SwigluProblem problem{reinterpret_cast<const void*>(xs[set]),
-                                            reinterpret_cast<const void*>(packed[set]),
-                                            reinterpret_cast<void*>(out),
-                                            m, n, n_packed, k,
-                                            static_cast<int>(swizzle), static_cast<int>(raster),
-                                            static_cast<int>(splits),
-                                            reinterpret_cast<void*>(workspace), workspace_bytes};
-          return kernel == jax_swiglu::Interleaved::kName
-                     ? LaunchByName<jax_swiglu::Interleaved>(activation, dtype, config, problem,
-                                                             device, stream)
-                 : kernel == jax_swiglu::Pingpong::kName
-                     ? LaunchByName<jax_swiglu::Pingpong>(activation, dtype, config, problem,
-                                                          device, stream)
-                 : kernel == jax_swiglu::Gemv::kName
-                     ? LaunchByName<jax_swiglu::Gemv>(activation, dtype, config, problem,
-                                                      device, stream)
-                     : "unknown kernel " + kernel;
+          jax_swiglu::SwigluProblem problem = base;
+          problem.x = reinterpret_cast<const void*>(xs[set]);
+          problem.packed = reinterpret_cast<const void*>(packed[set]);
+          problem.out = reinterpret_cast<void*>(out);
+          problem.workspace = reinterpret_cast<void*>(workspace);
+          problem.workspace_bytes = workspace_bytes;
+          problem.x_scale = reinterpret_cast<const float*>(x_scale);
+          problem.w_scale = reinterpret_cast<const float*>(w_scale);
+          problem.w_scale_stride = w_scale_stride;
+          return WithCompiledRow(config, [&](auto id) {
+            return jax_swiglu::WithActivation(activation, [&](auto act) {
+              return jax_swiglu::WithElement(dtype, [&](auto element) {
+                return jax_swiglu::LaunchRow<decltype(id)::value, decltype(element),
+                                             decltype(act)::value>(problem, device, stream);
+              });
+            });
+          });
         };
         std::vector<double> microseconds;
         std::string err;
@@ -584,10 +550,11 @@ NB_MODULE(_kernels, m) {
         if (!err.empty()) throw std::runtime_error("jax_swiglu: " + err);
         return microseconds;
       },
-      nb::arg("kernel"), nb::arg("activation"), nb::arg("dtype"), nb::arg("config"),
-      nb::arg("m"), nb::arg("n"), nb::arg("n_packed"), nb::arg("k"), nb::arg("swizzle"),
-      nb::arg("raster"), nb::arg("splits"), nb::arg("xs"), nb::arg("packed"), nb::arg("out"), nb::arg("workspace"),
-      nb::arg("workspace_bytes"), nb::arg("calls"), nb::arg("samples"));
+      nb::arg("config"), nb::arg("activation"), nb::arg("dtype"), nb::arg("m"), nb::arg("n"),
+      nb::arg("n_packed"), nb::arg("k"), nb::arg("swizzle"), nb::arg("raster"),
+      nb::arg("splits"), nb::arg("promotion"), nb::arg("xs"), nb::arg("packed"),
+      nb::arg("out"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("x_scale"),
+      nb::arg("w_scale"), nb::arg("w_scale_stride"), nb::arg("calls"), nb::arg("samples"));
 
   // The current CUDA device's facts the selection reads (zeros when there is no GPU).
   m.def("device_facts", []() {

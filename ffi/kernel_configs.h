@@ -13,16 +13,35 @@
 #include <cstddef>
 
 // Columns:
+//   family     the kernel the row builds. Interleaved: one GEMM over the packed gate/up matrix,
+//              gate and up paired in the epilogue (kernels/interleaved_kernel.cuh). GateThenUp:
+//              each output tile's gate pass, then its up pass (kernels/gate_then_up_kernel.cuh;
+//              the public kernel="pingpong", the paper's Kernel-1). Gemv: the CUDA-core kernel
+//              for a few tokens (kernels/gemv/gemv_kernel.cuh).
+//   operands   Bits16: x and the packed weights in bfloat16 or float16 (one translation unit
+//              each), the output in the same dtype. Fp8E4m3: x quantized per row and the packed
+//              weights K-major ([2 N_pad, K], jax_swiglu/_layout.py) in e4m3, since SM90's fp8
+//              wgmma reads both operands K-major; CUTLASS's fp8 mainloop (fp32 accumulators
+//              promoted out of the tensor cores every k tile by default, not the fast
+//              accumulation); the epilogue multiplies each fp32 accumulator by its token's and
+//              its packed column's scale before the activation; the output bfloat16 or float16
+//              (one translation unit each). tile_k counts fp8 elements (64 or 128 bytes a row;
+//              a promotion interval is a multiple of a k tile's wgmma, tile_k / 32). The
+//              promoted accumulators take twice the registers of the 16-bit kernel's, so a math
+//              warpgroup's share of a tile is at most 64 x 192 (a 128 x 256 cooperative tile, a
+//              128 x 128 pingpong one and a 64 x 192 pingpong one spill).
 //   schedule   Cooperative (two math warpgroups share a tile) or Pingpong (each warpgroup its
-//              own tile, one's epilogue overlapping the other's mainloop); CudaCores or MmaSync
-//              for the gemv kernel (FMAs, or warp-level mma.sync on the tensor cores).
+//              own tile, one's epilogue overlapping the other's mainloop): CUTLASS's SM90
+//              schedules. CudaCores for the gemv kernel (FMAs, no wgmma).
 //   m_side     which operand sits on the wgmma M side. Tokens: x rows are the tile's M, the
 //              packed weights its N (the prefill form). Weights ("swap-AB"): the packed
 //              columns are the wgmma M side and the tokens its N, so a tile of 8..64 tokens
 //              wastes no tensor-core rows at decode; its epilogue pairs gate and up through
-//              shared memory (kernels/swap_ab_epilogue.cuh).
+//              shared memory (kernels/epilogue/swap_ab_epilogue.cuh).
 //   tile_m     tokens per tile; tile_n packed columns (gate + up) per tile, twice the output
-//              columns; tile_k the contraction step.
+//              columns; tile_k the contraction step. The gemv rows: tile_m the most tokens a
+//              row runs (their fp32 sums live in registers), tile_n the packed columns per
+//              CTA, tile_k the K rows per warp step.
 //   cluster_m, cluster_n  CTAs per cluster along tokens and packed columns (TMA multicast).
 //   scheduler  Persistent (whole tiles, one CTA per SM); StreamK (CTAs also split tiles along
 //              K and add their partial sums, in a fixed order, in a workspace, so a ragged last
@@ -30,98 +49,64 @@
 //              split-K instead); ClusterSplitK (the gemv kernel: K split over a cluster
 //              of `splits` CTAs that add their sums in distributed shared memory, no
 //              workspace); SplitTail (persistent, but a last round of tiles at most half
-//              full runs as 64-row halves on the idle CTAs: kernels/split_tail.cuh).
+//              full runs as 64-row halves on the idle CTAs: kernels/schedulers/split_tail.cuh).
 //   store      TmaStore (output tile through shared memory and one TMA store) or DirectStore
 //              (16-byte stores from registers; the swap-AB configs after their shared-memory
 //              pairing).
 //   m_bands    persistent tiles visited in this many bands of M, one after the other, so the
-//              rounds reread one band of x from L2 (kernels/m_bands.cuh); M must then be a
+//              rounds reread one band of x from L2 (kernels/schedulers/m_bands.cuh); M must then be a
 //              multiple of m_bands whole clusters of tiles.
 //   build      Always, or Optional: compiled only with -DJAX_SWIGLU_ALL_CONFIGS=ON (CI and the
-//              GPU checks turn it on), for configs that no selection path picks on the shipped
-//              tuning data but that stay built and tested.
-// X(id, schedule, m_side, tile_m, tile_n, tile_k, cluster_m, cluster_n, scheduler, store,
-//   m_bands, build)
-#define JAX_SWIGLU_INTERLEAVED_CONFIGS(X)                                                 \
-  X(0, Cooperative, Tokens, 128, 256, 64, 2, 1, Persistent, DirectStore, 1, Always)      \
-  X(1, Pingpong, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Always)         \
-  X(2, Cooperative, Tokens, 128, 256, 64, 1, 1, Persistent, DirectStore, 1, Always)      \
-  X(3, Cooperative, Tokens, 128, 128, 64, 1, 1, Persistent, DirectStore, 1, Always)      \
-  X(4, Pingpong, Tokens, 64, 128, 64, 1, 1, Persistent, DirectStore, 1, Always)          \
-  X(5, Cooperative, Tokens, 128, 128, 64, 1, 1, StreamK, TmaStore, 1, Optional)          \
-  X(6, Pingpong, Tokens, 128, 192, 64, 2, 1, Persistent, DirectStore, 1, Always)         \
-  X(7, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 1, Always)      \
-  X(8, Cooperative, Tokens, 128, 320, 64, 1, 1, Persistent, DirectStore, 1, Always)      \
-  X(9, Cooperative, Tokens, 128, 192, 64, 1, 1, Persistent, DirectStore, 1, Always)      \
-  X(10, Cooperative, Tokens, 256, 192, 64, 1, 2, Persistent, DirectStore, 1, Always)     \
-  X(11, Pingpong, Tokens, 128, 192, 64, 4, 1, Persistent, DirectStore, 1, Always)        \
-  X(12, Pingpong, Tokens, 128, 128, 64, 1, 2, Persistent, DirectStore, 1, Always)        \
-  X(13, Pingpong, Tokens, 128, 128, 64, 2, 1, SplitTail, DirectStore, 1, Always)         \
-  X(14, Pingpong, Tokens, 128, 128, 64, 1, 2, SplitTail, DirectStore, 1, Always)         \
-  X(15, Pingpong, Tokens, 128, 192, 64, 2, 1, Persistent, DirectStore, 2, Always)        \
-  X(16, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 2, Always)     \
-  X(17, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 4, Always)     \
-  X(18, Cooperative, Weights, 16, 128, 64, 1, 1, StreamK, DirectStore, 1, Always)        \
-  X(19, Cooperative, Weights, 32, 128, 64, 1, 1, StreamK, DirectStore, 1, Always)        \
-  X(20, Cooperative, Weights, 64, 128, 64, 1, 1, StreamK, DirectStore, 1, Always)        \
-  X(21, Cooperative, Weights, 16, 256, 64, 1, 1, StreamK, DirectStore, 1, Always)
-
-// CMake reads this count to generate one translation unit per (config, dtype).
-#define JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS 22
-
-// Pingpong kernel (gate pass, then up pass, per output tile on CUTLASS's pingpong schedule).
-// tile_n counts packed columns too: the accumulator is [gate | up], each pass tile_n / 2 wide.
-#define JAX_SWIGLU_PINGPONG_CONFIGS(X) \
-  X(0, Pingpong, Tokens, 128, 128, 64, 1, 1, Persistent, TmaStore, 1, Optional)
-
-#define JAX_SWIGLU_NUM_PINGPONG_CONFIGS 1
-
-// Interleaved kernel on fp8 (e4m3) operands: x quantized per row, the packed weights K-major
-// ([2 N_pad, K], jax_swiglu/_quantize.py), since SM90's fp8 wgmma reads both operands
-// K-major; CUTLASS's fp8 mainloop (fp32 accumulators promoted out of the tensor cores every
-// k tile by default, not the fast accumulation); the epilogue multiplies each fp32
-// accumulator by its token's and its packed column's scale before the activation, and rounds
-// once to the output dtype (bfloat16 or float16: one translation unit each). tile_k counts
-// fp8 elements (64 or 128 bytes a row; a promotion interval is a multiple of a k tile's
-// wgmma, tile_k / 32). The promoted accumulators take twice the registers of the bf16
-// kernel's, so a math warpgroup's share of a tile is at most 64 x 192 (a 128 x 256
-// cooperative tile, a 128 x 128 pingpong one and a 64 x 192 pingpong one spill). The
-// Optional rows, which the fp8 rule does not pick (benchmarks/results/NVIDIA_H200 has their
-// launch probe): a wider cooperative tile (faster where K is deep, slower where it is
-// short), 64-deep k tiles, whose promotion every 2 wgmma halves the products the tensor
-// cores add at less than fp32 (exact, and slower), and the gemv kernel's fp8 form
-// (MmaSync, ClusterSplitK: kernels/gemv_kernel.cuh; 8 tokens, 64 packed columns per CTA, 64
-// of K a warp step, promoted after every mma), on a par with swap-AB at one token.
-#define JAX_SWIGLU_FP8_CONFIGS(X)                                                     \
-  X(0, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Always)  \
-  X(1, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)     \
-  X(2, Cooperative, Weights, 16, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)     \
-  X(3, Cooperative, Weights, 64, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)     \
-  X(4, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
-  X(5, Cooperative, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Optional)  \
-  X(6, MmaSync, Weights, 8, 64, 64, 1, 1, ClusterSplitK, DirectStore, 1, Optional)
-
-#define JAX_SWIGLU_NUM_FP8_CONFIGS 7
-
-// The GEMV for a few tokens (kernels/gemv_kernel.cuh): no wgmma, so no padding of the tokens
-// to a wgmma shape and no TMA or workspace around the weight stream. tile_m is the most
-// tokens a row runs (their fp32 sums live in registers), tile_n the packed columns per CTA,
-// tile_k the K rows per warp step. K is split over a cluster of `splits` CTAs (the launch
-// attribute: 1, 2, 4 or 8) whose sums meet in distributed shared memory in rank order. The
-// CudaCores rows multiply with FMAs, one per weight and token; the MmaSync rows on the
-// tensor cores (mma.sync, 16 packed columns by 8 tokens by 16 rows), whose instructions per
-// loaded byte do not grow with the tokens. The MmaSync rows are Optional: measured slower than
-// the CUDA-core rows and the wgmma kernels at every M they run (benchmarks/results), kept
-// built and tested as the form the gemv probe and the fp8 form build on.
-#define JAX_SWIGLU_GEMV_CONFIGS(X)                                                    \
-  X(0, CudaCores, Weights, 1, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)    \
-  X(1, CudaCores, Weights, 2, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)    \
-  X(2, CudaCores, Weights, 4, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)    \
-  X(3, CudaCores, Weights, 8, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)    \
-  X(4, MmaSync, Weights, 8, 128, 16, 1, 1, ClusterSplitK, DirectStore, 1, Optional)   \
-  X(5, MmaSync, Weights, 16, 128, 16, 1, 1, ClusterSplitK, DirectStore, 1, Optional)
-
-#define JAX_SWIGLU_NUM_GEMV_CONFIGS 6
+//              GPU checks turn it on), for rows that win no measured entry of the shipped
+//              tuning data and that no public kernel= value needs, which stay built and
+//              tested (a fresh install compiles only the others).
+// A row's id is its position in the table; the lowering passes it to the FFI handler as the
+// `config` attribute, so the HLO names the kernel (the target) and its tiles (the row).
+//
+// The fp8 rows' Optional ones were timed by the fp8 launch probe (benchmarks/results/
+// NVIDIA_H200): a wider cooperative tile (faster where K is deep, slower where it is short)
+// and 64-deep k tiles, whose promotion every 2 wgmma halves the products the tensor cores add
+// at less than fp32 (exact, and slower). The gemv rows' CTA owns 256 packed columns (one
+// warp's row of 16-byte loads) and steps of 8 rows of K, with no padding of the tokens to a
+// wgmma shape and no TMA or workspace around the weight stream; K is split over a cluster of
+// `splits` CTAs (the launch attribute: 1, 2, 4 or 8) whose sums meet in distributed shared
+// memory in rank order.
+// X(id, family, operands, schedule, m_side, tile_m, tile_n, tile_k, cluster_m, cluster_n,
+//   scheduler, store, m_bands, build)
+#define JAX_SWIGLU_CONFIGS(X)                                                                   \
+  X(0, Interleaved, Bits16, Cooperative, Tokens, 128, 256, 64, 2, 1, Persistent, DirectStore, 1, Always)   \
+  X(1, Interleaved, Bits16, Pingpong, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Always)      \
+  X(2, Interleaved, Bits16, Cooperative, Tokens, 128, 256, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
+  X(3, Interleaved, Bits16, Cooperative, Tokens, 128, 128, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
+  X(4, Interleaved, Bits16, Pingpong, Tokens, 64, 128, 64, 1, 1, Persistent, DirectStore, 1, Always)       \
+  X(5, Interleaved, Bits16, Cooperative, Tokens, 128, 128, 64, 1, 1, StreamK, TmaStore, 1, Optional)       \
+  X(6, Interleaved, Bits16, Pingpong, Tokens, 128, 192, 64, 2, 1, Persistent, DirectStore, 1, Always)      \
+  X(7, Interleaved, Bits16, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 1, Always)   \
+  X(8, Interleaved, Bits16, Cooperative, Tokens, 128, 320, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
+  X(9, Interleaved, Bits16, Cooperative, Tokens, 128, 192, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
+  X(10, Interleaved, Bits16, Cooperative, Tokens, 256, 192, 64, 1, 2, Persistent, DirectStore, 1, Always)  \
+  X(11, Interleaved, Bits16, Pingpong, Tokens, 128, 192, 64, 4, 1, Persistent, DirectStore, 1, Always)     \
+  X(12, Interleaved, Bits16, Pingpong, Tokens, 128, 128, 64, 1, 2, Persistent, DirectStore, 1, Always)     \
+  X(13, Interleaved, Bits16, Pingpong, Tokens, 128, 128, 64, 2, 1, SplitTail, DirectStore, 1, Always)      \
+  X(14, Interleaved, Bits16, Pingpong, Tokens, 128, 128, 64, 1, 2, SplitTail, DirectStore, 1, Always)      \
+  X(15, Interleaved, Bits16, Pingpong, Tokens, 128, 192, 64, 2, 1, Persistent, DirectStore, 2, Always)     \
+  X(16, Interleaved, Bits16, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 2, Optional)\
+  X(17, Interleaved, Bits16, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 4, Always)  \
+  X(18, Interleaved, Bits16, Cooperative, Weights, 16, 128, 64, 1, 1, StreamK, DirectStore, 1, Always)     \
+  X(19, Interleaved, Bits16, Cooperative, Weights, 32, 128, 64, 1, 1, StreamK, DirectStore, 1, Always)     \
+  X(20, Interleaved, Bits16, Cooperative, Weights, 64, 128, 64, 1, 1, StreamK, DirectStore, 1, Optional)   \
+  X(21, Interleaved, Bits16, Cooperative, Weights, 16, 256, 64, 1, 1, StreamK, DirectStore, 1, Always)     \
+  X(22, GateThenUp, Bits16, Pingpong, Tokens, 128, 128, 64, 1, 1, Persistent, TmaStore, 1, Always)         \
+  X(23, Gemv, Bits16, CudaCores, Weights, 1, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
+  X(24, Gemv, Bits16, CudaCores, Weights, 2, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
+  X(25, Gemv, Bits16, CudaCores, Weights, 4, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
+  X(26, Gemv, Bits16, CudaCores, Weights, 8, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
+  X(27, Interleaved, Fp8E4m3, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Always) \
+  X(28, Interleaved, Fp8E4m3, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
+  X(29, Interleaved, Fp8E4m3, Cooperative, Weights, 16, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
+  X(30, Interleaved, Fp8E4m3, Cooperative, Weights, 64, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
+  X(31, Interleaved, Fp8E4m3, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
+  X(32, Interleaved, Fp8E4m3, Cooperative, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Optional)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
@@ -148,8 +133,13 @@ inline constexpr int kGateUpBlock = 32;
 #define JAX_SWIGLU_ACTIVATION_ENUMERATOR(enumerator, name) enumerator,
 enum class Activation { JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_ACTIVATION_ENUMERATOR) };
 #undef JAX_SWIGLU_ACTIVATION_ENUMERATOR
+#define JAX_SWIGLU_COUNT_ACTIVATION(enumerator, name) +1
+inline constexpr int kActivationCount = 0 JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_COUNT_ACTIVATION);
+#undef JAX_SWIGLU_COUNT_ACTIVATION
 
-enum class Schedule { Cooperative, Pingpong, CudaCores, MmaSync };
+enum class Family { Interleaved, GateThenUp, Gemv };
+enum class Operands { Bits16, Fp8E4m3 };
+enum class Schedule { Cooperative, Pingpong, CudaCores };
 enum class MmaMSide { Tokens, Weights };
 enum class TileScheduler { Persistent, StreamK, SplitTail, ClusterSplitK };
 enum class OutputStore { TmaStore, DirectStore };
@@ -157,6 +147,8 @@ enum class Build { Always, Optional };
 
 struct KernelConfig {
   int id;
+  Family family;
+  Operands operands;
   Schedule schedule;
   MmaMSide m_side;
   int tile_m, tile_n, tile_k;
@@ -170,121 +162,90 @@ struct KernelConfig {
   constexpr bool compiled() const {
     return build == Build::Always || JAX_SWIGLU_ALL_CONFIGS != 0;
   }
+  // The M a call needs a multiple of: whole bands of clusters of tiles (m_bands.cuh), else 1.
+  constexpr int m_multiple() const { return m_bands > 1 ? m_bands * tile_m * cluster_m : 1; }
+  // The most tokens a row runs (0: any). The gemv kernel keeps every token's sums in
+  // registers, so its rows are built for at most tile_m tokens.
+  constexpr int max_m() const { return family == Family::Gemv ? tile_m : 0; }
+  // CTAs an SM holds at once: the gemv kernel's launch bounds ask for two where the sums leave
+  // room in the registers (at most 4 tokens: gemv_kernel.cuh, GemvMinBlocks); the wgmma kernels
+  // are persistent, one CTA per SM.
+  constexpr int ctas_per_sm() const { return family == Family::Gemv && tile_m <= 4 ? 2 : 1; }
+  // Whether the `splits` launch attribute means something: stream-K's split-K factor, the
+  // gemv kernel's cluster size.
+  constexpr bool takes_splits() const {
+    return scheduler == TileScheduler::StreamK || scheduler == TileScheduler::ClusterSplitK;
+  }
 };
 
-#define JAX_SWIGLU_CONFIG_ROW(id, schedule, m_side, tm, tn, tk, cm, cn, scheduler, store,    \
-                              m_bands, build)                                              \
-  KernelConfig{id, Schedule::schedule, MmaMSide::m_side, tm, tn, tk, cm, cn,                \
-               TileScheduler::scheduler, OutputStore::store, m_bands, Build::build},
-inline constexpr KernelConfig kInterleavedConfigs[] = {
-    JAX_SWIGLU_INTERLEAVED_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
-inline constexpr KernelConfig kPingpongConfigs[] = {
-    JAX_SWIGLU_PINGPONG_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
-inline constexpr KernelConfig kFp8Configs[] = {JAX_SWIGLU_FP8_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
-inline constexpr KernelConfig kGemvConfigs[] = {JAX_SWIGLU_GEMV_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
+#define JAX_SWIGLU_CONFIG_ROW(id, family, operands, schedule, m_side, tm, tn, tk, cm, cn,  \
+                              scheduler, store, m_bands, build)                            \
+  KernelConfig{id, Family::family, Operands::operands, Schedule::schedule, MmaMSide::m_side, \
+               tm, tn, tk, cm, cn, TileScheduler::scheduler, OutputStore::store, m_bands,   \
+               Build::build},
+inline constexpr KernelConfig kConfigs[] = {JAX_SWIGLU_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
 #undef JAX_SWIGLU_CONFIG_ROW
+inline constexpr int kConfigCount = static_cast<int>(sizeof(kConfigs) / sizeof(KernelConfig));
 
-static_assert(sizeof(kInterleavedConfigs) / sizeof(KernelConfig) ==
-                  JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS,
-              "JAX_SWIGLU_NUM_INTERLEAVED_CONFIGS must match the table");
-static_assert(sizeof(kPingpongConfigs) / sizeof(KernelConfig) == JAX_SWIGLU_NUM_PINGPONG_CONFIGS,
-              "JAX_SWIGLU_NUM_PINGPONG_CONFIGS must match the table");
-static_assert(sizeof(kFp8Configs) / sizeof(KernelConfig) == JAX_SWIGLU_NUM_FP8_CONFIGS,
-              "JAX_SWIGLU_NUM_FP8_CONFIGS must match the table");
-static_assert(sizeof(kGemvConfigs) / sizeof(KernelConfig) == JAX_SWIGLU_NUM_GEMV_CONFIGS,
-              "JAX_SWIGLU_NUM_GEMV_CONFIGS must match the table");
-
-template <size_t N>
-constexpr bool ConfigIdsAreRowIndices(const KernelConfig (&table)[N]) {
-  for (size_t i = 0; i < N; ++i) {
-    if (table[i].id != static_cast<int>(i)) return false;
+// What every row must satisfy for its kernel to build; each check names its reason.
+constexpr bool ConfigIdsAreRowIndices() {
+  for (int i = 0; i < kConfigCount; ++i) {
+    if (kConfigs[i].id != i) return false;
   }
   return true;
 }
-static_assert(ConfigIdsAreRowIndices(kInterleavedConfigs) &&
-                  ConfigIdsAreRowIndices(kPingpongConfigs) && ConfigIdsAreRowIndices(kFp8Configs) &&
-                  ConfigIdsAreRowIndices(kGemvConfigs),
-              "config ids must be 0, 1, 2, ... in table order");
+static_assert(ConfigIdsAreRowIndices(), "config ids must be 0, 1, 2, ... in table order");
 
-// The gemv kernel's schedules (its CUDA-core and mma.sync forms), not wgmma ones.
-constexpr bool IsGemvSchedule(Schedule s) {
-  return s == Schedule::CudaCores || s == Schedule::MmaSync;
+constexpr bool IsValidRow(const KernelConfig& c) {
+  const bool gemv = c.family == Family::Gemv;
+  // CudaCores and ClusterSplitK are the gemv kernel's alone.
+  if (gemv != (c.schedule == Schedule::CudaCores) ||
+      gemv != (c.scheduler == TileScheduler::ClusterSplitK)) {
+    return false;
+  }
+  if (gemv) {
+    // A warp's row of 16-byte loads per CTA, 8-row steps, at most 8 tokens (their sums take
+    // 8 registers each per thread), 16-bit operands.
+    return c.operands == Operands::Bits16 && c.m_side == MmaMSide::Weights && c.tile_m >= 1 &&
+           c.tile_m <= 8 && c.tile_n == 256 && c.tile_k == 8 && c.cluster_m == 1 &&
+           c.cluster_n == 1 && c.store == OutputStore::DirectStore && c.m_bands == 1;
+  }
+  if (c.tile_n % (2 * kGateUpBlock) != 0) return false;  // whole gate/up pairs per tile
+  if (c.family == Family::GateThenUp) {
+    // Kernel-1 runs the pingpong schedule without clusters, on whole tiles, 16-bit.
+    return c.operands == Operands::Bits16 && c.schedule == Schedule::Pingpong &&
+           c.m_side == MmaMSide::Tokens && c.cluster_m == 1 && c.cluster_n == 1 &&
+           c.scheduler == TileScheduler::Persistent && c.m_bands == 1;
+  }
+  if (c.m_side == MmaMSide::Weights) {
+    // Swap-AB: cooperative (CUTLASS's stream-K runs only there), one tile of packed columns
+    // per two 64-row warpgroups, whole gate/up pairs per warpgroup, no cluster, the direct
+    // store after the shared-memory pairing.
+    return c.schedule == Schedule::Cooperative && c.tile_n % 128 == 0 && c.tile_m % 8 == 0 &&
+           c.tile_m <= 64 && c.cluster_m == 1 && c.cluster_n == 1 &&
+           c.scheduler != TileScheduler::SplitTail && c.store == OutputStore::DirectStore &&
+           c.m_bands == 1;
+  }
+  if (c.operands == Operands::Fp8E4m3) {
+    // The plain tile orders (no split tail, no bands), the direct store, and a k tile of 64
+    // or 128 bytes (two or four wgmma of 32).
+    return c.scheduler != TileScheduler::SplitTail && c.m_bands == 1 &&
+           (c.tile_k == 64 || c.tile_k == 128) && c.store == OutputStore::DirectStore;
+  }
+  // A split tail needs the pingpong schedule and the direct store; bands are persistent and
+  // clusters must not span columns of tiles (m_bands.cuh).
+  if (c.scheduler == TileScheduler::SplitTail &&
+      (c.schedule != Schedule::Pingpong || c.store != OutputStore::DirectStore)) {
+    return false;
+  }
+  return c.m_bands == 1 || (c.scheduler == TileScheduler::Persistent && c.cluster_n == 1);
 }
-
-// The swap-AB rows: cooperative (CUTLASS's stream-K runs only there), one tile of packed
-// columns per two 64-row warpgroups, whole gate/up pairs per warpgroup, no cluster.
-template <size_t N>
-constexpr bool SwapAbRowsAreValid(const KernelConfig (&table)[N]) {
-  for (size_t i = 0; i < N; ++i) {
-    const KernelConfig& c = table[i];
-    if (c.m_side != MmaMSide::Weights || IsGemvSchedule(c.schedule)) continue;
-    if (c.schedule != Schedule::Cooperative || c.tile_n % 128 != 0 || c.tile_m % 8 != 0 ||
-        c.tile_m > 64 || c.cluster_m != 1 || c.cluster_n != 1 ||
-        c.scheduler == TileScheduler::SplitTail || c.store != OutputStore::DirectStore ||
-        c.m_bands != 1) {
-      return false;
-    }
+constexpr bool EveryRowIsValid() {
+  for (int i = 0; i < kConfigCount; ++i) {
+    if (!IsValidRow(kConfigs[i])) return false;
   }
   return true;
 }
-static_assert(SwapAbRowsAreValid(kInterleavedConfigs) && SwapAbRowsAreValid(kFp8Configs),
-              "a swap-AB row the kernel cannot build");
-
-// The fp8 rows: no split tail or bands (the plain tile orders), and a k tile of 64 or 128
-// bytes (two or four wgmma of 32); the gemv form's rows are mma.sync ones of 8 or 16 tokens
-// over 64-byte steps, whole 64-column chunks per CTA and a cluster split of K.
-template <size_t N>
-constexpr bool Fp8RowsAreValid(const KernelConfig (&table)[N]) {
-  for (size_t i = 0; i < N; ++i) {
-    const KernelConfig& c = table[i];
-    const bool gemv = c.scheduler == TileScheduler::ClusterSplitK;
-    if (c.scheduler == TileScheduler::SplitTail || c.m_bands != 1 ||
-        (c.tile_k != 64 && c.tile_k != 128) || c.store != OutputStore::DirectStore ||
-        gemv != IsGemvSchedule(c.schedule) || c.schedule == Schedule::CudaCores) {
-      return false;
-    }
-    if (gemv && (c.m_side != MmaMSide::Weights || (c.tile_m != 8 && c.tile_m != 16) ||
-                 c.tile_n % 64 != 0 || c.tile_n < 64 || c.tile_n > 256 || c.tile_k != 64 ||
-                 c.cluster_m != 1 || c.cluster_n != 1)) {
-      return false;
-    }
-  }
-  return true;
-}
-static_assert(Fp8RowsAreValid(kFp8Configs), "an fp8 row the kernel cannot build");
-
-// The gemv rows: a cluster split of K and a direct store, and either CUDA cores (a warp's row
-// of 16-byte loads per CTA, 8-row steps, at most 8 tokens: their sums take 8 registers each
-// per thread) or mma.sync (whole 64-column chunks per thread row, 16-row steps, one or two
-// token tiles of 8); the wgmma kernels run nothing of this form.
-template <size_t N>
-constexpr bool GemvRowsAreValid(const KernelConfig (&table)[N]) {
-  for (size_t i = 0; i < N; ++i) {
-    const KernelConfig& c = table[i];
-    const bool cuda_cores = c.schedule == Schedule::CudaCores && c.tile_m >= 1 &&
-                            c.tile_m <= 8 && c.tile_n == 256 && c.tile_k == 8;
-    const bool mma = c.schedule == Schedule::MmaSync && (c.tile_m == 8 || c.tile_m == 16) &&
-                     c.tile_n % 64 == 0 && c.tile_n >= 64 && c.tile_n <= 256 && c.tile_k == 16;
-    if (!(cuda_cores || mma) || c.m_side != MmaMSide::Weights || c.cluster_m != 1 ||
-        c.cluster_n != 1 || c.scheduler != TileScheduler::ClusterSplitK ||
-        c.store != OutputStore::DirectStore || c.m_bands != 1) {
-      return false;
-    }
-  }
-  return true;
-}
-template <size_t N>
-constexpr bool UsesNoGemvColumns(const KernelConfig (&table)[N]) {
-  for (size_t i = 0; i < N; ++i) {
-    if (IsGemvSchedule(table[i].schedule) ||
-        table[i].scheduler == TileScheduler::ClusterSplitK) {
-      return false;
-    }
-  }
-  return true;
-}
-static_assert(GemvRowsAreValid(kGemvConfigs), "a gemv row the kernel cannot build");
-static_assert(UsesNoGemvColumns(kInterleavedConfigs) && UsesNoGemvColumns(kPingpongConfigs),
-              "CudaCores, MmaSync and ClusterSplitK are the gemv kernel's (and its fp8 form's)");
+static_assert(EveryRowIsValid(), "a row the kernels cannot build (IsValidRow says why)");
 
 }  // namespace jax_swiglu

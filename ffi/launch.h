@@ -48,7 +48,7 @@ struct SwigluProblem {
   // fp8 only: wgmma instructions (32 of K each) between two promotions of the tensor cores'
   // accumulators into the fp32 ones (CUTLASS's mma_promotion_interval; a multiple of the
   // k tile's, tile_k / 32). The tensor cores accumulate fp8 products at reduced precision in
-  // between. The gemv form promotes after every mma and does not read it.
+  // between.
   int fp8_promotion = 4;
 };
 
@@ -60,35 +60,31 @@ struct DeviceFacts {
   int cc_minor;
 };
 
-// Launches one configuration of the interleaved kernel, with the gate activation
-// `kActivation`, on `stream` (on `device`). Returns an empty string on success, otherwise a
-// message that says what was wrong. Never synchronizes and never allocates, so it is safe
-// inside CUDA graph capture.
+// Each kernel family's launcher of its row `ConfigId` (kernel_configs.h), with the gate
+// activation `kActivation`, on `stream` (on `device`): `Element` is the operands' and the
+// output's type (BF16 or F16), or the output's for a row of e4m3 operands. Returns an empty
+// string on success, otherwise a message that says what was wrong. Never synchronizes and
+// never allocates, so it is safe inside CUDA graph capture. Each is defined in its family's
+// header (kernels/) and instantiated once per row and element, in a translation unit of its
+// own (kernels/instance.cu.in).
 template <int ConfigId, class Element, Activation kActivation>
 std::string LaunchInterleaved(const SwigluProblem& problem, const DeviceFacts& device,
                               cudaStream_t stream);
-// The same for the pingpong (gate-then-up) kernel.
 template <int ConfigId, class Element, Activation kActivation>
-std::string LaunchPingpong(const SwigluProblem& problem, const DeviceFacts& device,
-                           cudaStream_t stream);
-// The fp8 interleaved kernel; `Element` is the output's (BF16 or F16).
-template <int ConfigId, class Element, Activation kActivation>
-std::string LaunchFp8(const SwigluProblem& problem, const DeviceFacts& device,
-                      cudaStream_t stream);
-// The CUDA-core gemv kernel (at most its config's tile_m tokens; `splits` is its cluster).
+std::string LaunchGateThenUp(const SwigluProblem& problem, const DeviceFacts& device,
+                             cudaStream_t stream);
 template <int ConfigId, class Element, Activation kActivation>
 std::string LaunchGemv(const SwigluProblem& problem, const DeviceFacts& device,
                        cudaStream_t stream);
-// Bytes of workspace a launch of that configuration on `problem` (its shapes and tile
-// order; pointers unused) needs on a GPU with `device.sm_count` SMs; 0 for most.
+// Bytes of workspace a launch of that row on `problem` (its shapes and tile order; pointers
+// unused) needs on a GPU with `device.sm_count` SMs; 0 for most.
 template <int ConfigId, class Element, Activation kActivation>
 size_t InterleavedWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
 template <int ConfigId, class Element, Activation kActivation>
-size_t PingpongWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
-template <int ConfigId, class Element, Activation kActivation>
-size_t Fp8WorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
+size_t GateThenUpWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
 template <int ConfigId, class Element, Activation kActivation>
 size_t GemvWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
+
 // Fills `facts` for the current device; returns an error message or "".
 std::string CurrentDeviceFacts(DeviceFacts* facts);
 

@@ -6,32 +6,31 @@
     out = jax_swiglu.fused_mlp(x, packed, w_down)       # ... @ W_down
     q = jax_swiglu.quantize_weights(w_gate, w_up)       # fp8 (e4m3) with fp32 scales
 
-Works inside ``jax.jit``; on CUDA the lowering runs the fused CUTLASS kernel the selection
-picks for the call's shapes (``explain`` says which and why), elsewhere the XLA reference.
-``autotune`` measures the candidates for your shapes on your GPU. Inference only.
+Works inside ``jax.jit``; on CUDA each call runs the fused CUTLASS launch the selection
+picks for the call's shapes (``explain`` says which and why; ``launch=`` forces one),
+elsewhere the XLA reference. ``autotune`` measures the candidates for your shapes on your
+GPU. Inference only.
 """
 
 from . import convert
 from ._api import explain, fused_mlp, swiglu
-from ._autotune import autotune
+from ._launch import Launch
 from ._layout import GATE_UP_BLOCK, PackedWeights, pack_weights, unpack_weights
 from ._native import kernel_configs, kernels_available, unavailable_reason
 from ._quantize import QuantizedWeights, dequantize_weights, quantize_tokens, quantize_weights
 from ._primitive import swiglu_p
 from ._reference import ACTIVATIONS, swiglu_reference, swiglu_reference_quantized
-from ._shapes import PUBLIC_MLPS, QWEN25_MLPS
 from .selection import KERNELS
-
-__version__ = "0.2.0"
+from ._version import __version__
+from .tuning.autotune import autotune
 
 __all__ = [
     "ACTIVATIONS",
     "GATE_UP_BLOCK",
     "KERNELS",
-    "PUBLIC_MLPS",
+    "Launch",
     "PackedWeights",
     "QuantizedWeights",
-    "QWEN25_MLPS",
     "autotune",
     "convert",
     "dequantize_weights",

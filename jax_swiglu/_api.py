@@ -7,10 +7,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import _layout, _quantize, _reference, selection
-from ._fp8_primitive import swiglu_fp8_p
+from . import _launch, _layout, _native, _primitive, _quantize, _reference, selection
 from ._primitive import swiglu_p
-from .selection import _fp8
 
 
 def _check_x(x, packed: _layout.PackedWeights):
@@ -30,7 +28,7 @@ def _check_x(x, packed: _layout.PackedWeights):
             f"x has K={x.shape[-1]} (shape {tuple(x.shape)}) but the weights have K={packed.k}")
 
 
-def _check_fp8_call(x, weights: _quantize.QuantizedWeights, kernel: str, x_scale):
+def _check_fp8_call(x, weights: _quantize.QuantizedWeights, x_scale):
     """Trace-time checks of a call on fp8 weights (see :func:`swiglu`)."""
     weights.validate()
     if not hasattr(x, "shape") or not hasattr(x, "dtype") or x.ndim < 1:
@@ -59,80 +57,104 @@ def _check_fp8_call(x, weights: _quantize.QuantizedWeights, kernel: str, x_scale
     else:
         raise TypeError(f"with fp8 weights x must be bfloat16, float16 or fp8 (with x_scale), "
                         f"got {x_dtype}")
-    selection.check_kernel_name(kernel)
-    requested, _ = selection.requested_kernel(kernel)
-    if requested != "auto":
-        # A forced kernel that cannot run says so now, not when the call is compiled.
-        platform = "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
-        _fp8.choose_fp8(math.prod(x.shape[:-1]), weights.n, weights.k,
-                        _reference.fp8_output_dtype(x_dtype), kernel=kernel, platform=platform,
-                        weights_dtype=weights.dtype)
 
 
-def swiglu(x, packed, *, kernel: str = "auto", activation: str = "silu", x_scale=None):
+def _requested_launch(launch, kernel: str, weights: str, n: int, k: int, weights_dtype):
+    """The forced launch as a ``Launch`` (None for none), checked where the check does not
+    depend on M (which a sharded call only knows per device): the row is compiled, runs these
+    operands and this family, and takes the attributes and K given."""
+    if launch is None:
+        return None
+    launch = _launch.parse(launch)
+    if not _native.kernels_available():
+        # Like a forced kernel: for CUDA, where lowering says the extension is missing;
+        # elsewhere the reference runs.
+        return launch
+    row = launch.row
+    operands = _primitive.operands_of(weights, weights_dtype)
+    if kernel == "xla":
+        raise ValueError(f"launch={launch} and kernel='xla' ask for two different paths")
+    # An M the row runs: the M-dependent checks run per device, when the call is lowered.
+    problem = selection.Problem(row.m_multiple, n, k, "bfloat16", operands)
+    selection.check_forced_launch(launch, problem, kernel)
+    return launch
+
+
+def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation: str = "silu",
+           x_scale=None):
     """``act(x @ W_gate) * (x @ W_up)`` as one fused kernel (inference only): SwiGLU with
     ``activation="silu"`` (the default), GeGLU with ``"gelu_tanh"``.
 
     Args:
       x: ``[..., K]`` bfloat16 or float16; leading dimensions are folded into M. A rank-1
         ``x`` is one token (``[K] -> [N]``), as with ``x @ W``.
-      packed: :class:`PackedWeights` from :func:`pack_weights`, same dtype as ``x``.
+      packed: :class:`PackedWeights` from :func:`pack_weights`, same dtype as ``x``; or fp8
+        :class:`QuantizedWeights` from :func:`quantize_weights` (see ``x_scale``).
       kernel: ``"auto"`` (the selection: autotune cache, tuning data, heuristic; see
-        :func:`explain`), ``"interleaved"``, ``"pingpong"`` or ``"xla"`` (the plain XLA
-        path). ``JAX_SWIGLU_KERNEL`` sets the same globally.
+        :func:`explain`), a kernel family (``"interleaved"``, ``"gate_then_up"`` (also
+        ``"pingpong"``), ``"gemv"``: its best launch for the call) or ``"xla"`` (the plain
+        XLA path). ``JAX_SWIGLU_KERNEL`` sets the same globally; it is read when the call is
+        traced.
+      launch: one launch to run instead of the selection's: a row of
+        :func:`kernel_configs` (or its id), or the text form :func:`explain` prints, e.g.
+        ``"interleaved:18,splits=2"`` (options ``splits``, ``swizzle``, ``raster``,
+        ``promotion``). A launch that cannot run the call is a ValueError.
       activation: the gate's activation ``act``: ``"silu"`` (Llama, Qwen, Mistral, ...) or
         ``"gelu_tanh"`` (Gemma: ``jax.nn.gelu(g, approximate=True)``).
       x_scale: with fp8 weights (:class:`QuantizedWeights` from :func:`quantize_weights`) and
         an fp8 ``x`` only: ``x``'s float32 per-row scales, shape ``x.shape[:-1]``. A 16-bit
         ``x`` is quantized per row first (:func:`quantize_tokens`, an XLA fusion before the
-        kernel). fp8 calls run the fused fp8 kernel on an SM90 GPU (``kernel="auto"`` or
-        ``"interleaved"``; e4m3 weights, K a multiple of 16), else the XLA path (the
-        dequantized values in fp32 math: :func:`swiglu_reference_quantized`), and return x's
-        dtype for 16-bit ``x``, bfloat16 for fp8 ``x``.
+        kernel). fp8 calls run the fused fp8 kernel on an SM90 GPU (e4m3 weights, K a
+        multiple of 16), else the XLA path (the dequantized values in fp32 math:
+        :func:`swiglu_reference_quantized`), and return x's dtype for 16-bit ``x``,
+        bfloat16 for fp8 ``x``.
 
     Returns:
-      ``[..., N]`` in ``x.dtype``: products accumulated in fp32, activation and product in
-      fp32, rounded once.
+      ``[..., N]``: products accumulated in fp32, activation and product in fp32, rounded
+      once.
 
     Sharded operands (``jax.jit`` with shardings, or the local blocks inside
     ``jax.shard_map``): each device runs the kernel on its own block. Tokens may be sharded,
-    and N in whole gate/up pairs (``packed.data`` along its last axis); a sharded K is
-    all-gathered first.
+    and N in whole gate/up pairs (the weights' N axis); a sharded K is all-gathered first.
     """
     _reference.check_activation(activation)
+    kernel = selection.requested_kernel(kernel)
     if isinstance(packed, _quantize.QuantizedWeights):
-        _check_fp8_call(x, packed, kernel, x_scale)
-        return _swiglu_fp8(x, packed, kernel=kernel, activation=activation, x_scale=x_scale)
+        _check_fp8_call(x, packed, x_scale)
+        forced = _requested_launch(launch, kernel, "fp8", packed.n, packed.k, packed.dtype)
+        return _swiglu_fp8(x, packed, kernel=kernel, launch=forced, activation=activation,
+                           x_scale=x_scale)
     if x_scale is not None:
         raise ValueError("x_scale is for fp8 weights (QuantizedWeights); these are "
                          f"{type(packed).__name__}")
     packed = _layout.as_packed(packed, "packed")
     _check_x(x, packed)
-    selection.check_kernel_name(kernel)
+    forced = _requested_launch(launch, kernel, "packed", packed.n, packed.k, packed.dtype)
     lead = x.shape[:-1]
     m = math.prod(lead)
     if m == 0:
         return jnp.zeros((*lead, packed.n), x.dtype)
-    y = swiglu_p.bind(x.reshape(m, packed.k), packed.data, n=packed.n, kernel=kernel,
-                      activation=activation)
+    y = swiglu_p.bind(x.reshape(m, packed.k), packed.data, n=packed.n, weights="packed",
+                      kernel=kernel, launch=forced, activation=activation,
+                      out_dtype=jnp.dtype(x.dtype).name)
     return y.reshape(*lead, packed.n)
 
 
-def _swiglu_fp8(x, weights: _quantize.QuantizedWeights, *, kernel, activation, x_scale):
+def _swiglu_fp8(x, weights: _quantize.QuantizedWeights, *, kernel, launch, activation, x_scale):
     out_dtype = _reference.fp8_output_dtype(x.dtype)
     lead = x.shape[:-1]
     m = math.prod(lead)
     if m == 0:
         return jnp.zeros((*lead, weights.n), out_dtype)
     x_q, x_scale = _reference.quantized_tokens(x, x_scale, weights.dtype)
-    y = swiglu_fp8_p.bind(x_q.reshape(m, weights.k), x_scale.reshape(m), weights.data,
-                          weights.scales, n=weights.n, kernel=kernel, activation=activation,
-                          out_dtype=out_dtype.name)
+    y = swiglu_p.bind(x_q.reshape(m, weights.k), x_scale.reshape(m), weights.data,
+                      weights.scales, n=weights.n, weights="fp8", kernel=kernel, launch=launch,
+                      activation=activation, out_dtype=out_dtype.name)
     return y.reshape(*lead, weights.n)
 
 
-def fused_mlp(x, packed, w_down, *, kernel: str = "auto", activation: str = "silu",
-              reduce_dtype=None, x_scale=None):
+def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
+              activation: str = "silu", reduce_dtype=None, x_scale=None):
     """A whole gated MLP block: ``(act(x @ W_gate) * (x @ W_up)) @ W_down``.
 
     The gated part is :func:`swiglu`; the down projection is a plain XLA dot. With the
@@ -143,7 +165,7 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", activation: str = "sil
       x: ``[..., K]``.
       packed: :class:`PackedWeights` (``K -> N``).
       w_down: ``[N, K_out]``, same dtype as ``x``.
-      kernel, activation, x_scale: as in :func:`swiglu` (``packed`` may be fp8
+      kernel, launch, activation, x_scale: as in :func:`swiglu` (``packed`` may be fp8
         :class:`QuantizedWeights`; ``w_down`` is then in the call's output dtype).
       reduce_dtype: ``None`` (x's dtype) or ``jnp.float32``: the dtype of the down
         projection's result before the cast to x's dtype, so under row parallelism the
@@ -167,7 +189,7 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", activation: str = "sil
     if reduce_dtype not in (jnp.dtype(jnp.float32), out_dtype):
         raise TypeError(f"reduce_dtype must be None (x's dtype, {out_dtype}) or float32, got "
                         f"{reduce_dtype}")
-    y = swiglu(x, packed, kernel=kernel, activation=activation, x_scale=x_scale)
+    y = swiglu(x, packed, kernel=kernel, launch=launch, activation=activation, x_scale=x_scale)
     out = jnp.matmul(y, w_down, preferred_element_type=reduce_dtype,
                      out_sharding=_down_projection_sharding(y, w_down))
     return out.astype(out_dtype)
@@ -193,32 +215,34 @@ def _padded_spec(sharding, ndim: int) -> tuple:
     return spec + (None,) * (ndim - len(spec))
 
 
-def explain(x, packed, *, kernel: str = "auto", activation: str = "silu",
+def explain(x, packed, *, kernel: str = "auto", launch=None, activation: str = "silu",
             platform: str | None = None) -> str:
     """Which kernel a call with these shapes would run, and why, without running it.
 
     ``x`` may be an array or a ``jax.ShapeDtypeStruct``; ``platform`` defaults to the
     default backend. Under sharding each device chooses from its own block: pass the
-    per-device ``x`` (and packed weights) to see its choice.
+    per-device ``x`` (and weights) to see its choice.
     """
     _reference.check_activation(activation)
-    if isinstance(packed, _quantize.QuantizedWeights):
-        _check_fp8_call(x, packed, kernel, None if x.dtype in _layout.KERNEL_DTYPES else
-                        jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32))
-        m = math.prod(x.shape[:-1])
-        platform = platform or jax.default_backend()
-        platform = "cuda" if platform == "gpu" else platform
-        choice = _fp8.choose_fp8(m, packed.n, packed.k, _reference.fp8_output_dtype(x.dtype),
-                                 kernel=kernel, platform=platform, activation=activation,
-                                 weights_dtype=packed.dtype)
-        return (f"M={m} N={packed.n} K={packed.k} {x.dtype} x {packed.dtype} weights "
-                f"({packed.scale_mode}) {activation} on {platform}: {choice.describe()}")
-    packed = _layout.as_packed(packed, "packed")
-    _check_x(x, packed)
+    kernel = selection.requested_kernel(kernel)
     platform = platform or jax.default_backend()
     platform = "cuda" if platform == "gpu" else platform
     m = math.prod(x.shape[:-1])
-    choice = selection.choose(m, packed.n, packed.k, x.dtype, kernel=kernel, platform=platform,
-                              activation=activation)
-    return (f"M={m} N={packed.n} K={packed.k} {x.dtype} {activation} on {platform}: "
-            f"{choice.describe()}")
+    if isinstance(packed, _quantize.QuantizedWeights):
+        fp8_x = jnp.dtype(x.dtype) in _quantize.FP8_DTYPES
+        _check_fp8_call(x, packed, jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32) if fp8_x
+                        else None)
+        weights, what = "fp8", f"{x.dtype} x {packed.dtype} weights ({packed.scale_mode})"
+        out_dtype = _reference.fp8_output_dtype(x.dtype).name
+    else:
+        packed = _layout.as_packed(packed, "packed")
+        _check_x(x, packed)
+        weights, what, out_dtype = "packed", f"{x.dtype}", jnp.dtype(x.dtype).name
+    forced = _requested_launch(launch, kernel, weights, packed.n, packed.k, packed.dtype)
+    header = f"M={m} N={packed.n} K={packed.k} {what} {activation} on {platform}: "
+    if m == 0:
+        return header + "nothing runs (no tokens: the result is an empty array)"
+    problem = selection.Problem(m, packed.n, packed.k, out_dtype,
+                                _primitive.operands_of(weights, packed.dtype), activation)
+    choice = selection.choose(problem, kernel=kernel, launch=forced, platform=platform)
+    return header + choice.describe(problem)

@@ -2,6 +2,11 @@
 
 The extension is optional: without nvcc at install time the package is pure Python and
 everything runs on the XLA reference path. ``kernels_available()`` says which it is.
+
+Everything about a kernel config comes from C++ (``ffi/kernel_configs.h`` and
+``ffi/can_implement.h``): the table's rows and what follows from them (the most tokens a row
+runs, the M it needs a multiple of, its CTAs per SM), whether a row can run a problem, its
+split choices and its workspace size. Python holds no copy of those rules.
 """
 
 from __future__ import annotations
@@ -25,16 +30,21 @@ else:
         _kernels = None
         _IMPORT_ERROR = f"the extension failed to load: {error}"
 
+# Operands of a row: bfloat16/float16 x and packed weights, or e4m3 ones with fp32 scales.
+OPERANDS = ("16bit", "e4m3")
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """One tile configuration: a row of ffi/kernel_configs.h, which says what each column
-    means (the extension's rows, or a row tuning data recorded from the build it measured)."""
+    """One row of the config table (ffi/kernel_configs.h, which says what each column means),
+    as the extension reports it, or as tuning data recorded it from the build that measured it.
+    A plain record: the derived columns (max_m, m_multiple, ctas_per_sm, takes_splits) are the
+    extension's answers, recorded with the row."""
 
-    kernel: str
+    family: str  # "interleaved", "gate_then_up" or "gemv"
     id: int
-    schedule: str
-    tile_m: int  # tokens per tile
+    schedule: str  # "cooperative", "pingpong" (CUTLASS's schedules) or "cuda-cores"
+    tile_m: int  # tokens per tile (the gemv rows: the most tokens they run)
     tile_n: int  # packed columns (gate + up) per tile
     tile_k: int
     cluster_m: int
@@ -44,19 +54,24 @@ class KernelConfig:
     # "cluster-split-k" (the gemv kernel: K split over a cluster of CTAs, no workspace)
     scheduler: str = "persistent"
     store: str = "tma"  # or "direct": output from registers to global memory, no smem tile
-    # persistent scheduler: tiles visited in this many bands of M (M a multiple of
-    # m_bands * tile_m * cluster_m)
+    # persistent scheduler: tiles visited in this many bands of M (M a multiple of m_multiple)
     m_bands: int = 1
     # "tokens" (x rows on the wgmma M side) or "weights" (swap-AB: packed columns on it)
     m_side: str = "tokens"
+    operands: str = "16bit"  # or "e4m3" (OPERANDS)
     optional: bool = False  # compiled only with JAX_SWIGLU_ALL_CONFIGS
+    compiled: bool = True
+    max_m: int = 0  # the most tokens the row runs (0: any M)
+    m_multiple: int = 1  # the M the row needs a multiple of
+    ctas_per_sm: int = 1  # CTAs an SM holds at once (the gemv kernel's launch bounds)
+    takes_splits: bool = False  # whether the `splits` launch attribute applies
 
     def describe(self) -> str:
+        fp8 = "e4m3, " if self.operands == "e4m3" else ""
         if self.is_gemv:
-            how = "CUDA cores" if self.schedule == "cuda-cores" else "mma.sync on the tensor cores"
-            return (f"{how}, up to {self.tile_m} tokens, {self.tile_n} packed columns "
+            return (f"{fp8}CUDA cores, up to {self.tile_m} tokens, {self.tile_n} packed columns "
                     f"per CTA, K split over a cluster, direct store")
-        return (f"{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
+        return (f"{fp8}{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
                 f"cluster {self.cluster_m}x{self.cluster_n}"
                 + (", swap-AB" if self.m_side == "weights" else "")
                 + (", stream-K" if self.scheduler == "stream-k" else "")
@@ -68,63 +83,22 @@ class KernelConfig:
     def key(self) -> str:
         """A name for the configuration from its definition alone, not its row id: how tuning
         data refers to it, so the data stays valid when rows are added or reordered."""
-        return config_key(self.kernel, self.schedule, self.m_side, self.tile_m, self.tile_n,
-                          self.tile_k, self.cluster_m, self.cluster_n, self.scheduler,
-                          self.store, self.m_bands)
-
-    @property
-    def m_multiple(self) -> int:
-        """The M this config needs a multiple of (1: any M)."""
-        return self.m_bands * self.tile_m * self.cluster_m if self.m_bands > 1 else 1
+        return config_key(self.family, self.operands, self.schedule, self.m_side, self.tile_m,
+                          self.tile_n, self.tile_k, self.cluster_m, self.cluster_n,
+                          self.scheduler, self.store, self.m_bands)
 
     @property
     def is_gemv(self) -> bool:
-        """A row of the gemv kernel (either form: CUDA cores or mma.sync)."""
         return self.scheduler == "cluster-split-k"
 
-    @property
-    def max_m(self) -> int | None:
-        """The most tokens the config runs (None: any M). The gemv kernel keeps every
-        token's sums in registers, so its rows are built for at most tile_m tokens."""
-        return self.tile_m if self.is_gemv else None
-
-    @property
-    def ctas_per_sm(self) -> int:
-        """CTAs one SM holds at once. The gemv kernel's launch bounds ask for two where the
-        sums leave room in the registers (ffi/kernels/gemv_kernel.cuh: GemvMinBlocks for the
-        CUDA-core form, at most 4 tokens; always for the mma.sync form), one otherwise; the
-        wgmma kernels are persistent, one CTA per SM."""
-        if self.schedule == "cuda-cores":
-            return 2 if self.tile_m <= 4 else 1
-        return 2 if self.schedule == "mma-sync" else 1
-
     def runs(self, m: int) -> bool:
-        """Whether the config can run M tokens."""
-        return m % self.m_multiple == 0 and (self.max_m is None or m <= self.max_m)
-
-    @property
-    def splits_k(self) -> bool:
-        """Whether the config takes a split-K factor (the ``splits`` launch attribute)."""
-        return self.scheduler in ("stream-k", "cluster-split-k")
-
-    def split_choices(self, k: int, stream_k_splits=(1, 2, 4)) -> tuple[int, ...]:
-        """The split-K factors worth measuring for K: ``stream_k_splits`` for a stream-K
-        config (at most one split per k tile); the cluster sizes of the gemv kernel (1, 2, 4
-        or 8 CTAs, at least one step of tile_k rows each; a last step may be partial)."""
-        if self.is_gemv:
-            return tuple(s for s in GEMV_SPLITS if s <= -(-k // self.tile_k))
-        if self.scheduler == "stream-k":
-            k_tiles = -(-k // self.tile_k)
-            return tuple(s for s in stream_k_splits if s == 1 or s <= k_tiles)
-        return (1,)
+        """Whether the row can run M tokens (the M-dependent part of can_implement)."""
+        return m % self.m_multiple == 0 and (not self.max_m or m <= self.max_m)
 
 
-# Cluster sizes the gemv kernel splits K over (ffi/kernels/gemv_kernel.cuh).
-GEMV_SPLITS = (1, 2, 4, 8)
-
-
-def config_key(kernel, schedule, m_side, tile_m, tile_n, tile_k, cluster_m, cluster_n,
-               scheduler, store, m_bands) -> str:
+def config_key(family, operands, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
+               cluster_n, scheduler, store, m_bands) -> str:
+    kernel = family if operands == "16bit" else f"{family}/{operands}"
     return (f"{kernel}/{schedule}/{m_side}/{tile_m}x{tile_n}x{tile_k}/{cluster_m}x{cluster_n}/"
             f"{scheduler}/{store}" + (f"/bands{m_bands}" if m_bands > 1 else ""))
 
@@ -142,12 +116,19 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def _require() -> None:
+    if _kernels is None:
+        raise RuntimeError(unavailable_reason())
+
+
 @functools.cache
-def targets() -> dict[tuple[str, str, str], str]:
-    """``(kernel, activation, dtype name) -> FFI target name``, as the extension defines them."""
+def targets() -> dict[tuple[str, str, str, str], str]:
+    """``(family, operands, activation, output dtype name) -> FFI target name``, as the
+    extension defines them."""
     if _kernels is None:
         return {}
-    return {(t["kernel"], t["activation"], t["dtype"]): t["name"] for t in _kernels.targets()}
+    return {(t["family"], t["operands"], t["activation"], t["dtype"]): t["name"]
+            for t in _kernels.targets()}
 
 
 @functools.cache
@@ -157,31 +138,34 @@ def activations() -> tuple[str, ...]:
 
 
 @functools.cache
-def kernel_configs() -> dict[str, dict[int, KernelConfig]]:
-    """``kernel -> {config id -> KernelConfig}`` from the compiled table."""
+def all_configs() -> dict[int, KernelConfig]:
+    """``config id -> KernelConfig`` of every row of the table, compiled in this build or not."""
     if _kernels is None:
         return {}
-    table: dict[str, dict[int, KernelConfig]] = {}
-    for row in _kernels.kernel_configs():
-        config = KernelConfig(**row)
-        table.setdefault(config.kernel, {})[config.id] = config
-    return table
+    return {row["id"]: KernelConfig(**row) for row in _kernels.kernel_configs()}
 
 
 @functools.cache
-def fp8_targets() -> dict[tuple[str, str], str]:
-    """``(activation, output dtype name) -> FFI target name`` of the fp8 kernel."""
-    if _kernels is None or not hasattr(_kernels, "fp8_targets"):
-        return {}
-    return {(t["activation"], t["dtype"]): t["name"] for t in _kernels.fp8_targets()}
+def kernel_configs() -> dict[int, KernelConfig]:
+    """``config id -> KernelConfig`` of the rows this build compiled (the ``config`` attribute
+    of a custom call in the HLO is one of these ids)."""
+    return {i: c for i, c in all_configs().items() if c.compiled}
+
+
+def can_implement(config: int, *, m: int, n: int, k: int, splits: int = 1, swizzle: int = 1,
+                  raster: int = 0, promotion: int = 4) -> str:
+    """Why row ``config`` cannot run the problem with these launch attributes, or "" if it
+    can (ffi/can_implement.h: the check every launch makes)."""
+    _require()
+    return _kernels.can_implement(config, m, n, k, splits, swizzle, raster, promotion)
 
 
 @functools.cache
-def fp8_configs() -> dict[int, KernelConfig]:
-    """``config id -> KernelConfig`` of the fp8 kernel's table (ffi/kernel_configs.h)."""
-    if _kernels is None or not hasattr(_kernels, "fp8_configs"):
-        return {}
-    return {row["id"]: KernelConfig(**row) for row in _kernels.fp8_configs()}
+def split_choices(config: int, k: int) -> tuple[int, ...]:
+    """The split-K factors (stream-K rows) or cluster sizes (gemv rows) worth trying on K;
+    (1,) for the others."""
+    _require()
+    return tuple(_kernels.split_choices(config, k))
 
 
 # SMs of a full GH100: with no local GPU the workspace is sized for every SM count up to it.
@@ -196,10 +180,11 @@ def device_facts() -> dict:
     return dict(_kernels.device_facts())
 
 
-def workspace_bytes(kernel: str, dtype: str, config: int, *, m: int, n: int, n_packed: int,
-                    k: int, swizzle: int, raster: int, splits: int = 1,
+def workspace_bytes(config: int, dtype: str, *, m: int, n: int, k: int, swizzle: int = 1,
+                    raster: int = 0, splits: int = 1, promotion: int = 4,
                     activation: str = "silu") -> int:
-    """Bytes of scratch one call of ``kernel``/``config`` needs (0 for most configs).
+    """Bytes of scratch one call of row ``config`` needs (0 for most rows); ``dtype`` is the
+    output's.
 
     A stream-K split depends on the SM count: sized for the local GPU's, or, lowering with
     no local GPU, the largest size over every SM count an SM90 part can have. The FFI
@@ -207,29 +192,32 @@ def workspace_bytes(kernel: str, dtype: str, config: int, *, m: int, n: int, n_p
     """
     if _kernels is None:
         return 0
+    n_packed = _layout.padded_n(n)
     local = _kernels.device_sm_count()
-    return max(int(_kernels.workspace_bytes(kernel, activation, dtype, config, m, n, n_packed,
-                                            k, swizzle, raster, splits, sm_count))
+    return max(int(_kernels.workspace_bytes(config, activation, dtype, m, n, n_packed, k,
+                                            swizzle, raster, splits, promotion, sm_count))
                for sm_count in ([local] if local else range(1, _MAX_SM_COUNT + 1)))
 
 
-def time_launches(kernel: str, dtype: str, config: int, *, m: int, n: int, n_packed: int,
-                  k: int, swizzle: int, raster: int, splits: int, xs, packed, out, workspace,
-                  calls: int, samples: int, activation: str = "silu") -> list[float]:
-    """Per-launch GPU times (us) of one config by CUDA-graph replay (ffi/timing.h), launch i
-    on input set i % len(xs). ``xs``, ``packed``, ``out`` and ``workspace`` are device arrays
-    (jax arrays on one GPU) that stay alive and unread by JAX during the call."""
-    if _kernels is None:
-        raise RuntimeError(unavailable_reason())
+def time_launches(config: int, dtype: str, *, m: int, n: int, k: int, splits: int, xs, packed,
+                  out, workspace, calls: int, samples: int, swizzle: int = 1, raster: int = 0,
+                  promotion: int = 4, x_scale=None, w_scale=None,
+                  activation: str = "silu") -> list[float]:
+    """Per-launch GPU times (us) of one row by CUDA-graph replay (ffi/timing.h), launch i on
+    input set i % len(xs). ``xs``, ``packed``, ``out``, ``workspace`` (and an e4m3 row's
+    ``x_scale`` and ``w_scale``) are device arrays (jax arrays on one GPU) that stay alive and
+    unread by JAX during the call."""
+    _require()
 
     def pointer(array):
-        return array.unsafe_buffer_pointer()
+        return array.unsafe_buffer_pointer() if array is not None else 0
 
+    w_scale_stride = 1 if w_scale is not None and w_scale.size > 1 else 0
     return list(_kernels.time_launches(
-        kernel, activation, dtype, config, m, n, n_packed, k, swizzle, raster, splits,
-        [pointer(x) for x in xs], [pointer(p) for p in packed], pointer(out),
-        pointer(workspace) if workspace is not None else 0,
-        int(workspace.size) if workspace is not None else 0, calls, samples))
+        config, activation, dtype, m, n, _layout.padded_n(n), k, swizzle, raster, splits,
+        promotion, [pointer(x) for x in xs], [pointer(p) for p in packed], pointer(out),
+        pointer(workspace), int(workspace.size) if workspace is not None else 0,
+        pointer(x_scale), pointer(w_scale), w_scale_stride, calls, samples))
 
 
 def _register() -> None:

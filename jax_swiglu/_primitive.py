@@ -1,21 +1,31 @@
-"""The ``jax_swiglu`` inference primitive: every rule of it in one place.
+"""The ``jax_swiglu`` inference primitive, for every weights format: every rule of it in one place.
 
-``swiglu_p.bind(x, packed_data, n=..., kernel=..., activation=...)`` computes ``[M, n]``
-``= act(x @ W_gate) * (x @ W_up)`` from ``x [M, K]`` and the packed ``[K, 2 * N_pad]``
-matrix (``activation`` names act: _reference.ACTIVATIONS). Rules:
+``swiglu_p.bind(*operands, n=..., weights=..., kernel=..., launch=..., activation=...,
+out_dtype=...)`` computes ``[M, n] = act(x @ W_gate) * (x @ W_up)``, rounded once to
+``out_dtype``. The operands follow the weights format (``_layout.py`` defines both layouts):
+
+* ``weights="packed"``: ``x [M, K]`` and the packed ``[K, 2 N_pad]`` matrix, both bfloat16
+  or float16 (the output's dtype);
+* ``weights="fp8"``: ``x_q [M, K]`` fp8 with its per-row fp32 ``x_scale [M]``, and the
+  K-major fp8 ``data [2 N_pad, K]`` with its fp32 ``scales`` (``[2 N_pad]`` or ``[]``).
+
+``kernel`` names a family ("auto", "interleaved", "gate_then_up", "gemv", "xla") and
+``launch`` forces one launch (a ``_launch.Launch``, or None). Both are static parameters, so
+they are part of the traced program and of JAX's cache key. Rules:
 
 * abstract eval: shape, dtype and sharding rules (the public wrappers in ``_api.py`` give
   friendlier messages first; these guard direct binds),
 * partitioning: under SPMD (``jax.jit`` with sharded operands) every device computes its
   own block of the result; M may be sharded (data parallel), N over whole gate/up pairs
-  (column parallel); K is gathered first, since SiLU follows the contraction and partial
-  sums could not be added up afterwards,
-* lowering: ``swiglu_p`` lowers through ``custom_partitioning`` to ``swiglu_shard_p``,
-  the computation on one device's shapes: on CUDA, the FFI custom call the selection
-  picks for the local shapes (or the XLA path); everywhere else the reference
-  (``_reference.py``),
+  (column parallel); K is gathered first, since the activation follows the contraction and
+  partial sums could not be added up afterwards,
+* the choice: the per-device function (``_per_device``, called with each device's local
+  shapes, or the whole shapes on one device) asks the selection which launch runs and binds
+  ``swiglu_shard_p`` with it, a static ``Launch`` (or None for the XLA path),
+* lowering: ``swiglu_shard_p`` only emits what it is given: on CUDA the FFI custom call of its
+  launch (or the reference for None); everywhere else the reference (``_reference.py``),
 * impl: eager calls run the jitted primitive,
-* batching: vmap folds batch dimensions of ``x`` into M,
+* batching: vmap folds batch dimensions of the tokens into M,
 * differentiation: refused with a clear error (inference only, no ``custom_vjp``).
 """
 
@@ -33,50 +43,90 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import _layout, _native, _reference, selection
+from . import _launch, _layout, _native, _quantize, _reference, selection
 
 # What jaxprs hold: the op on global shapes, partitioned by XLA's SPMD partitioner.
 swiglu_p = Primitive("jax_swiglu")
-# One device's share of it, on local shapes: what each device runs (and what a single
-# device or a jax.shard_map body runs directly). Exists only during lowering.
+# One device's share of it, on local shapes, with the launch chosen for them: what each
+# device runs (and what a single device or a jax.shard_map body runs directly). Exists only
+# during lowering.
 swiglu_shard_p = Primitive("jax_swiglu_shard")
+
+WEIGHTS = ("packed", "fp8")
+OUTPUT_DTYPES = tuple(jnp.dtype(d).name for d in _layout.KERNEL_DTYPES)
+
+
+def operands_of(weights: str, weights_dtype) -> str:
+    """The selection's operand class of a call: "16bit", or the fp8 format's name."""
+    if weights == "packed":
+        return "16bit"
+    return "e4m3" if jnp.dtype(weights_dtype) == jnp.dtype(jnp.float8_e4m3fn) else "e5m2"
 
 
 # --- abstract evaluation ------------------------------------------------------------------
 
-def _check_operands(x, packed_data, *, n: int, kernel: str, activation: str):
-    selection.check_kernel_name(kernel)
+def _check_operands(operands, *, n, weights, kernel, launch, activation, out_dtype):
+    selection.canonical_kernel(kernel)
     _reference.check_activation(activation)
-    if x.ndim != 2 or packed_data.ndim != 2:
-        raise ValueError(
-            f"jax_swiglu primitive takes x [M, K] and packed [K, 2N'], got {x.shape} and "
-            f"{packed_data.shape}")
-    if x.dtype not in _layout.KERNEL_DTYPES:
-        raise TypeError(f"jax_swiglu supports bfloat16 and float16, got {x.dtype}")
-    if packed_data.dtype != x.dtype:
-        raise TypeError(f"x is {x.dtype} but the packed weights are {packed_data.dtype}")
-    k = x.shape[1]
-    if packed_data.shape != (k, 2 * _layout.padded_n(n)):
-        raise ValueError(
-            f"packed weights {packed_data.shape} do not match K={k}, N={n} "
-            f"(expected {(k, 2 * _layout.padded_n(n))})")
-    _layout.check_alignment(k, n)
+    if weights not in WEIGHTS:
+        raise ValueError(f"jax_swiglu: weights must be one of {WEIGHTS}, got {weights!r}")
+    if launch is not None and not isinstance(launch, _launch.Launch):
+        raise TypeError(f"jax_swiglu: launch must be a Launch or None, got {launch!r}")
+    if out_dtype not in OUTPUT_DTYPES:
+        raise TypeError(f"jax_swiglu: out_dtype must be one of {OUTPUT_DTYPES}, got "
+                        f"{out_dtype!r}")
+    if weights == "packed":
+        x, packed_data = operands
+        if x.ndim != 2 or packed_data.ndim != 2:
+            raise ValueError(f"jax_swiglu primitive takes x [M, K] and packed [K, 2N'], got "
+                             f"{x.shape} and {packed_data.shape}")
+        if x.dtype not in _layout.KERNEL_DTYPES or jnp.dtype(x.dtype).name != out_dtype:
+            raise TypeError(f"jax_swiglu supports bfloat16 and float16 x of the output's dtype "
+                            f"({out_dtype}), got {x.dtype}")
+        if packed_data.dtype != x.dtype:
+            raise TypeError(f"x is {x.dtype} but the packed weights are {packed_data.dtype}")
+        k = x.shape[1]
+        if packed_data.shape != (k, 2 * _layout.padded_n(n)):
+            raise ValueError(f"packed weights {packed_data.shape} do not match K={k}, N={n} "
+                             f"(expected {(k, 2 * _layout.padded_n(n))})")
+        _layout.check_alignment(k, n)
+        return x.shape[0]
+    x_q, x_scale, data, scales = operands
+    if x_q.ndim != 2 or data.ndim != 2:
+        raise ValueError(f"jax_swiglu fp8 takes x_q [M, K] and data [2 N_pad, K], got "
+                         f"{x_q.shape} and {data.shape}")
+    _quantize.check_fp8_dtype(x_q.dtype, "x_q")
+    if x_q.dtype != data.dtype:
+        raise TypeError(f"x_q is {x_q.dtype} but the weights are {data.dtype}")
+    m, k = x_q.shape
+    if data.shape != (2 * _layout.padded_n(n), k):
+        raise ValueError(f"fp8 weights {data.shape} do not match K={k}, N={n} (expected "
+                         f"{(2 * _layout.padded_n(n), k)})")
+    if x_scale.dtype != jnp.float32 or x_scale.shape != (m,):
+        raise ValueError(f"x_scale must be float32 [{m}], got {x_scale.dtype} {x_scale.shape}")
+    if scales.dtype != jnp.float32 or scales.shape not in ((), (data.shape[0],)):
+        raise ValueError(f"scales must be float32 [] or [{data.shape[0]}], got {scales.dtype} "
+                         f"{scales.shape}")
+    return m
 
 
-def _abstract_eval(x, packed_data, *, n: int, kernel: str, activation: str):
-    _check_operands(x, packed_data, n=n, kernel=kernel, activation=activation)
+def _abstract_eval(*operands, n, weights, kernel, launch, activation, out_dtype):
+    m = _check_operands(operands, n=n, weights=weights, kernel=kernel, launch=launch,
+                        activation=activation, out_dtype=out_dtype)
     # Explicit mesh axes are part of the types: the result's follow the split rule. (With
     # automatic axes the specs are empty and the partitioner decides, by the same rule.)
-    mesh = next((a.sharding.mesh for a in (x, packed_data) if not a.sharding.mesh.empty),
-                x.sharding.mesh)
-    plan = split(x.sharding.spec, packed_data.sharding.spec, mesh.shape, n)
-    return jax.core.ShapedArray((x.shape[0], n), x.dtype,
+    x, w = operands[0], operands[-2] if weights == "fp8" else operands[1]
+    mesh = next((a.sharding.mesh for a in (x, w) if not a.sharding.mesh.empty), x.sharding.mesh)
+    plan = split(weights, [a.sharding.spec for a in operands], mesh.shape, n,
+                 scalar_scales=weights == "fp8" and operands[3].ndim == 0)
+    return jax.core.ShapedArray((m, n), jnp.dtype(out_dtype),
                                 sharding=NamedSharding(mesh, plan.result_spec()))
 
 
-def _shard_abstract_eval(x, packed_data, *, n: int, kernel: str, activation: str):
-    _check_operands(x, packed_data, n=n, kernel=kernel, activation=activation)
-    return jax.core.ShapedArray((x.shape[0], n), x.dtype)
+def _shard_abstract_eval(*operands, n, weights, launch, activation, out_dtype):
+    m = _check_operands(operands, n=n, weights=weights, kernel="auto", launch=launch,
+                        activation=activation, out_dtype=out_dtype)
+    return jax.core.ShapedArray((m, n), jnp.dtype(out_dtype))
 
 
 swiglu_p.def_abstract_eval(_abstract_eval)
@@ -86,12 +136,12 @@ swiglu_shard_p.def_abstract_eval(_shard_abstract_eval)
 # --- impl ---------------------------------------------------------------------------------
 
 @functools.cache
-def _jitted(n: int, kernel: str, activation: str):
-    return jax.jit(functools.partial(swiglu_p.bind, n=n, kernel=kernel, activation=activation))
+def _jitted(**params):
+    return jax.jit(functools.partial(swiglu_p.bind, **params))
 
 
-def _impl(x, packed_data, *, n: int, kernel: str, activation: str):
-    return _jitted(n, kernel, activation)(x, packed_data)
+def _impl(*operands, **params):
+    return _jitted(**params)(*operands)
 
 
 swiglu_p.def_impl(_impl)
@@ -103,16 +153,22 @@ swiglu_p.def_impl(_impl)
 class Split:
     """How one call is split over a mesh: the axes sharding M and N, and N per shard."""
 
+    weights: str
     m_axes: tuple[str, ...]
     n_axes: tuple[str, ...]
     local_n: int
+    scalar_scales: bool = False
 
     def result_spec(self) -> P:
         return P(self.m_axes or None, self.n_axes or None)
 
-    def operand_specs(self) -> tuple[P, P]:
-        """x ``[M, K]`` and packed ``[K, 2 * N_pad]``: K replicated in both."""
-        return P(self.m_axes or None, None), P(None, self.n_axes or None)
+    def operand_specs(self) -> tuple[P, ...]:
+        """Each operand's spec, K replicated in all: x [M, K] and packed [K, 2 N_pad]; or x_q
+        [M, K], x_scale [M], data [2 N_pad, K] and scales [2 N_pad] (or [])."""
+        m, n = self.m_axes or None, self.n_axes or None
+        if self.weights == "packed":
+            return P(m, None), P(None, n)
+        return P(m, None), P(m), P(n, None), P() if self.scalar_scales else P(n)
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -122,20 +178,27 @@ def _axes(entry) -> tuple[str, ...]:
     return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
-def split(x_spec, packed_spec, axis_sizes, n: int) -> Split:
+def _padded(spec, rank: int) -> tuple:
+    return tuple(spec) + (None,) * (rank - len(spec))
+
+
+def split(weights: str, specs, axis_sizes, n: int, scalar_scales: bool = False) -> Split:
     """The split of a call whose operands arrive with these PartitionSpecs.
 
-    N follows the packed weights (raising if their shards are not whole gate/up pairs);
-    M follows x. An axis can shard only one dimension of the result: if both claim it,
-    the weights keep it (moving them costs more) and x is gathered along it. Any K
-    sharding is dropped: the partitioner all-gathers x (and the weights) along K.
+    N follows the weights (raising if their shards are not whole gate/up pairs); M follows
+    x. An axis can shard only one dimension of the result: if both claim it, the weights keep
+    it (moving them costs more) and x is gathered along it. Any K sharding is dropped: the
+    partitioner all-gathers x (and the weights) along K.
     """
-    x_spec, packed_spec = (tuple(spec) + (None,) * (2 - len(spec))
-                           for spec in (x_spec, packed_spec))
-    n_axes = _axes(packed_spec[1])
+    x_spec = _padded(specs[0], 2)
+    if weights == "packed":
+        n_axes = _axes(_padded(specs[1], 2)[1])
+    else:
+        n_axes = _axes(_padded(specs[2], 2)[0])
     m_axes = tuple(axis for axis in _axes(x_spec[0]) if axis not in n_axes)
     shards = math.prod(axis_sizes[axis] for axis in n_axes)
-    return Split(m_axes, n_axes, _layout.shard_n(n, shards))
+    return Split(weights, m_axes, n_axes, _layout.shard_n(n, shards),
+                 weights == "fp8" and scalar_scales)
 
 
 def _spec(operand) -> P:
@@ -143,38 +206,63 @@ def _spec(operand) -> P:
     return P() if operand.sharding is None else operand.sharding.spec
 
 
-def _partition(n, kernel, activation, mesh, arg_shapes, result_shape):
+def _is_scalar(shape) -> bool:
+    return len(shape.shape) == 0
+
+
+def choose(operands, *, n, weights, kernel, launch, activation, out_dtype,
+           platform) -> selection.Choice:
+    """The selection's choice for one device's operands (their avals: local shapes)."""
+    x, w = operands[0], operands[1] if weights == "packed" else operands[2]
+    m, k = x.shape
+    problem = selection.Problem(m, n, k, out_dtype, operands_of(weights, w.dtype), activation)
+    return selection.choose(problem, kernel=kernel, launch=launch, platform=platform)
+
+
+def _bind_shard(operands, *, n, weights, kernel, launch, activation, out_dtype, platform):
+    choice = choose([jax.typeof(o) for o in operands], n=n, weights=weights, kernel=kernel,
+                    launch=launch, activation=activation, out_dtype=out_dtype,
+                    platform=platform)
+    return swiglu_shard_p.bind(*operands, n=n, weights=weights, launch=choice.launch,
+                               activation=activation, out_dtype=out_dtype)
+
+
+def _partition(n, weights, kernel, launch, activation, out_dtype, platform, mesh, arg_shapes,
+               result_shape):
     """custom_partitioning's partition: operand and result shardings, and the per-device
-    function (the shard primitive on local shapes, so the kernel is chosen by local M)."""
+    function (the launch chosen for the local shapes)."""
     del result_shape  # the result's sharding follows from the operands'
-    x, packed = arg_shapes
-    plan = split(_spec(x), _spec(packed), mesh.shape, n)
+    plan = split(weights, [_spec(a) for a in arg_shapes], mesh.shape, n,
+                 scalar_scales=weights == "fp8" and _is_scalar(arg_shapes[3]))
 
-    def per_device(x, packed_data):
-        return swiglu_shard_p.bind(x, packed_data, n=plan.local_n, kernel=kernel,
-                                   activation=activation)
+    def per_device(*operands):
+        return _bind_shard(operands, n=plan.local_n, weights=weights, kernel=kernel,
+                           launch=launch, activation=activation, out_dtype=out_dtype,
+                           platform=platform)
 
-    x_spec, packed_spec = plan.operand_specs()
     return (mesh, per_device, NamedSharding(mesh, plan.result_spec()),
-            (NamedSharding(mesh, x_spec), NamedSharding(mesh, packed_spec)))
+            tuple(NamedSharding(mesh, spec) for spec in plan.operand_specs()))
 
 
-def _infer_sharding(n, kernel, activation, mesh, arg_shapes, result_shape):
+def _infer_sharding(n, weights, kernel, launch, activation, out_dtype, platform, mesh,
+                    arg_shapes, result_shape):
     """The result's sharding from the operands' (GSPMD propagation)."""
-    del kernel, activation, result_shape
-    x, packed = arg_shapes
+    del kernel, launch, activation, out_dtype, platform, result_shape
     try:
-        return NamedSharding(mesh, split(_spec(x), _spec(packed), mesh.shape, n).result_spec())
+        plan = split(weights, [_spec(a) for a in arg_shapes], mesh.shape, n)
+        return NamedSharding(mesh, plan.result_spec())
     except ValueError:
         # An impossible N split: GSPMD aborts the process on an error here, so leave
         # the report to _partition.
         return NamedSharding(mesh, P())
 
 
-def _sharding_rule(n, kernel, activation, mesh, operand_types, result_types):
+def _sharding_rule(n, weights, kernel, launch, activation, out_dtype, platform, mesh,
+                   operand_types, result_types):
     """The Shardy rule: M passes through; K must be replicated; N is a run of whole
-    gate/up pairs (``pairs``), 64 packed columns each in the weights and 32 in the
-    result, so a sharding of the weights along N carries over to the result and back.
+    gate/up pairs (``pairs``), 64 packed columns each in the weights (and their scales) and
+    32 in the result, so a sharding of the weights along N carries over to the result and
+    back.
 
     x's K and the weights' K are separate factors so that a K sharding of one is not
     propagated to the other: both are gathered anyway. N is tied to the weights only
@@ -182,64 +270,93 @@ def _sharding_rule(n, kernel, activation, mesh, operand_types, result_types):
     axis into sub-axes, which custom_partitioning cannot express; left untied, a bad
     split of the weights reaches ``split`` intact, which says what is wrong.
     """
-    del kernel, activation, operand_types, result_types
+    del kernel, launch, activation, out_dtype, platform, result_types
     block = _layout.GATE_UP_BLOCK
     pairs, padded = divmod(n, block)
-    if padded or any(pairs % size for size in mesh.shape.values()):
-        return "m x_k, w_k packed -> m n", {"need_replication_factors": ("x_k", "w_k", "n")}
-    return ("m x_k, w_k (pairs packed_pair) -> m (pairs block)",
-            {"need_replication_factors": ("x_k", "w_k", "packed_pair", "block"),
-             "pairs": pairs, "packed_pair": 2 * block, "block": block})
+    tied = not padded and not any(pairs % size for size in mesh.shape.values())
+    w_n = "(pairs packed_pair)" if tied else "packed"
+    out_n = "(pairs block)" if tied else "n"
+    if weights == "packed":
+        rule = f"m x_k, w_k {w_n} -> m {out_n}"
+    else:
+        scales = "" if len(operand_types[3].shape) == 0 else w_n
+        rule = f"m x_k, m, {w_n} w_k, {scales} -> m {out_n}"
+    replicated = ("x_k", "w_k", "packed_pair", "block") if tied else ("x_k", "w_k", "n")
+    # Shardy wants the special factors in the order the rule first names them.
+    names = rule.replace("(", " ").replace(")", " ").replace(",", " ").split()
+    replicated = tuple(sorted(replicated, key=names.index))
+    sizes = {"pairs": pairs, "packed_pair": 2 * block, "block": block} if tied else {}
+    return rule, {"need_replication_factors": replicated, **sizes}
 
 
-def _per_device(x, packed_data, n, kernel, activation):
-    # On one device (no mesh, or inside a jax.shard_map body) custom_partitioning lowers
-    # this directly; under SPMD, _partition supplies the per-device function instead.
-    return swiglu_shard_p.bind(x, packed_data, n=n, kernel=kernel, activation=activation)
+def _partitioned_call(operand_count: int):
+    """custom_partitioning over a function of ``operand_count`` operands and the seven static
+    parameters (n, weights, kernel, launch, activation, out_dtype, platform)."""
+    statics = tuple(range(operand_count, operand_count + 7))
+
+    def per_device(*args):
+        # On one device (no mesh, or inside a jax.shard_map body) custom_partitioning lowers
+        # this directly; under SPMD, _partition supplies the per-device function instead.
+        operands, static = args[:operand_count], args[operand_count:]
+        names = ("n", "weights", "kernel", "launch", "activation", "out_dtype", "platform")
+        return _bind_shard(operands, **dict(zip(names, static)))
+
+    call = custom_partitioning(per_device, static_argnums=statics)
+    call.def_partition(partition=_partition, infer_sharding_from_operands=_infer_sharding,
+                       sharding_rule=_sharding_rule)
+    return call
 
 
-_partitioned = custom_partitioning(_per_device, static_argnums=(2, 3, 4))
-_partitioned.def_partition(
-    partition=_partition,
-    infer_sharding_from_operands=_infer_sharding,
-    sharding_rule=_sharding_rule,
-)
+_PARTITIONED = {"packed": _partitioned_call(2), "fp8": _partitioned_call(4)}
 
 
-# --- lowering -----------------------------------------------------------------------------
+def _lowering(platform: str | None):
+    """swiglu_p's lowering for ``platform`` (None: the module's own), through the partitioned
+    call, which hands the platform on to the choice."""
+    def lower(ctx, *operands, n, weights, kernel, launch, activation, out_dtype):
+        call = _PARTITIONED[weights]
+        target = platform or ctx.module_context.platforms[0]
+        fn = lambda *ops: call(*ops, n, weights, kernel, launch, activation, out_dtype,  # noqa: E731
+                               target)
+        return mlir.lower_fun(fn, multiple_results=False)(ctx, *operands)
+    return lower
 
-def _reference_lowering(ctx, x, packed_data, *, n: int, kernel: str, activation: str):
-    del kernel
-    return mlir.lower_fun(
-        functools.partial(_reference.swiglu_reference_packed, n=n, activation=activation),
-        multiple_results=False)(ctx, x, packed_data)
+
+# --- lowering of one device's call ----------------------------------------------------------
+
+def _reference_lowering(ctx, *operands, n, weights, launch, activation, out_dtype):
+    del launch
+    if weights == "packed":
+        fn = functools.partial(_reference.swiglu_reference_packed, n=n, activation=activation)
+    else:
+        fn = functools.partial(_reference.swiglu_reference_quantized_operands, n=n,
+                               activation=activation, out_dtype=jnp.dtype(out_dtype))
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, *operands)
 
 
-def _cuda_lowering(ctx, x, packed_data, *, n: int, kernel: str, activation: str):
-    x_aval, packed_aval = ctx.avals_in
-    m, k = x_aval.shape  # local shapes: the kernel is chosen per device
-    choice = selection.choose(m, n, k, x_aval.dtype, kernel=kernel, platform="cuda",
-                              activation=activation)
-    if choice.target is None:
-        return _reference_lowering(ctx, x, packed_data, n=n, kernel=kernel,
-                                   activation=activation)
-    attributes = choice.ffi_attributes()
+def _cuda_lowering(ctx, *operands, n, weights, launch, activation, out_dtype):
+    if launch is None:
+        return _reference_lowering(ctx, *operands, n=n, weights=weights, launch=launch,
+                                   activation=activation, out_dtype=out_dtype)
+    m, k = ctx.avals_in[0].shape
+    attributes = launch.ffi_attributes()
+    target = launch.target(activation, out_dtype)
     workspace = _native.workspace_bytes(
-        choice.kernel, jnp.dtype(x_aval.dtype).name, choice.config.id, m=m, n=n,
-        activation=activation,
-        n_packed=packed_aval.shape[1] // 2, k=k, swizzle=int(attributes["swizzle"]),
-        raster=int(attributes["raster"]), splits=int(attributes["splits"]))
+        launch.config, out_dtype, m=m, n=n, k=k, swizzle=launch.swizzle,
+        raster=int(attributes["raster"]), splits=launch.splits,
+        promotion=launch.promotion_interval, activation=activation)
     if not workspace:
-        return jax.ffi.ffi_lowering(choice.target)(ctx, x, packed_data, **attributes)
+        return jax.ffi.ffi_lowering(target)(ctx, *operands, **attributes)
     # A second result is the kernel's scratch (stream-K partial sums): XLA allocates it
     # with the call's other buffers, so the handler never allocates; only out is used.
     scratch = jax.core.ShapedArray((workspace,), jnp.dtype(jnp.uint8))
-    out, _ = jax.ffi.ffi_lowering(choice.target)(
-        ctx.replace(avals_out=[*ctx.avals_out, scratch]), x, packed_data, **attributes)
+    out, _ = jax.ffi.ffi_lowering(target)(
+        ctx.replace(avals_out=[*ctx.avals_out, scratch]), *operands, **attributes)
     return [out]
 
 
-mlir.register_lowering(swiglu_p, mlir.lower_fun(_partitioned, multiple_results=False))
+mlir.register_lowering(swiglu_p, _lowering(None))
+mlir.register_lowering(swiglu_p, _lowering("cuda"), platform="cuda")
 # custom_partitioning needs the device assignment when it lowers (to build its mesh).
 dispatch.prim_requires_devices_during_lowering.add(swiglu_p)
 mlir.register_lowering(swiglu_shard_p, _reference_lowering)
@@ -248,27 +365,19 @@ mlir.register_lowering(swiglu_shard_p, _cuda_lowering, platform="cuda")
 
 # --- batching -----------------------------------------------------------------------------
 
-def _batch(args, dims, *, n: int, kernel: str, activation: str):
-    x, packed_data = args
-    x_dim, packed_dim = dims
-    if packed_dim is None:  # (None: not mapped)
+def _batch(args, dims, **params):
+    tokens = 1 if params["weights"] == "packed" else 2  # x (and x_scale) carry the tokens
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    if all(d is None for d in dims[tokens:]):
         # Weights shared across the batch: fold the batch into M, one kernel call.
-        x = jnp.moveaxis(x, x_dim, 0)
-        batch, m, k = x.shape
-        y = swiglu_p.bind(x.reshape(batch * m, k), packed_data, n=n, kernel=kernel,
-                          activation=activation)
-        return y.reshape(batch, m, n), 0
+        moved = [batching.bdim_at_front(a, d, size) for a, d in zip(args[:tokens], dims)]
+        batch, m = moved[0].shape[:2]
+        folded = [a.reshape(batch * m, *a.shape[2:]) for a in moved]
+        y = swiglu_p.bind(*folded, *args[tokens:], **params)
+        return y.reshape(batch, m, y.shape[-1]), 0
     # Weights differ per batch element: one call per element.
-    size = packed_data.shape[packed_dim]
-    packed_data = jnp.moveaxis(packed_data, packed_dim, 0)
-    if x_dim is not None:
-        x = jnp.moveaxis(x, x_dim, 0)
-    outs = [
-        swiglu_p.bind(x[i] if x_dim is not None else x, packed_data[i],
-                      n=n, kernel=kernel, activation=activation)
-        for i in range(size)
-    ]
-    return jnp.stack(outs), 0
+    args = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    return jnp.stack([swiglu_p.bind(*(a[i] for a in args), **params) for i in range(size)]), 0
 
 
 batching.primitive_batchers[swiglu_p] = _batch

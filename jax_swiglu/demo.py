@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_swiglu
-from jax_swiglu import QWEN25_MLPS, selection
+from jax_swiglu import selection
 
 try:
     from flax import nnx
@@ -132,8 +132,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jax_swiglu.demo", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=list(QWEN25_MLPS), default="qwen2.5-0.5b",
-                        help="MLP shapes to use (default: %(default)s)")
+    parser.add_argument("--shape", default="896x4864",
+                        help="the MLP's hidden x intermediate size (default: %(default)s, "
+                             "Qwen2.5-0.5B's)")
     parser.add_argument("--layers", type=int, default=24, help="blocks (default: %(default)s)")
     parser.add_argument("--prefill-tokens", type=int, default=None,
                         help=f"tokens of the prefill call (default: {GPU_PREFILL_TOKENS} on a GPU, "
@@ -144,10 +145,13 @@ def main(argv=None) -> int:
                         help="timed runs per call on a GPU (default: %(default)s)")
     args = parser.parse_args(argv)
 
-    hidden, intermediate = QWEN25_MLPS[args.model]
+    hidden, sep, intermediate = args.shape.lower().partition("x")
+    if not (sep and hidden.isdigit() and intermediate.isdigit()):
+        parser.error(f"--shape {args.shape!r} is not KxN (hidden x intermediate size)")
+    hidden, intermediate = int(hidden), int(intermediate)
     missing = selection.kernels_unusable_reason()
-    print(f"jax_swiglu demo: {args.layers} SwiGLU MLP blocks of {args.model} (hidden {hidden}, "
-          f"intermediate {intermediate}), bfloat16, random weights")
+    print(f"jax_swiglu demo: {args.layers} SwiGLU MLP blocks (hidden {hidden}, intermediate "
+          f"{intermediate}), bfloat16, random weights")
     print(f"jax {jax.__version__}, devices {jax.devices()}")
     prefill_tokens = args.prefill_tokens
     if missing is None:

@@ -5,7 +5,8 @@
 #   2. builds jax_swiglu with every kernel config (JAX_SWIGLU_ALL_CONFIGS=ON) against this
 #      machine's own jaxlib, printing ptxas's register/spill report; PREBUILT=1 instead uses
 #      the jax_swiglu/_kernels*.so already in the tree (carried from an earlier build),
-#   3. the GPU tests (tests/gpu; PYTEST_ARGS overrides, TESTS=0 skips; TEST_TIMEOUT bounds),
+#   3. the GPU tests (tests/kernels, the kernel suite, and tests/gpu; PYTEST_ARGS overrides,
+#      TESTS=0 skips; TEST_TIMEOUT bounds),
 #   4. the demo (python -m jax_swiglu.demo; DEMO=0 skips it),
 #   5. with CALIBRATE=1, benchmarks/calibrate.py (CALIBRATE_ARGS; several runs separated by
 #      ';'), and with TUNING_DATA=1 their merge into jax_swiglu/data/ (benchmarks/tuning_data.py,
@@ -82,7 +83,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   # shellcheck disable=SC2086
   XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
   JAX_SWIGLU_GPU_REPORT="$WORK/gpu_report.jsonl" timeout "${TEST_TIMEOUT:-1800}" \
-    "$PY" -m pytest -q -rs --durations=8 ${PYTEST_ARGS:-tests/gpu} > "$WORK/pytest.log" 2>&1
+    "$PY" -m pytest -q -rs --durations=8 ${PYTEST_ARGS:-tests/kernels tests/gpu} > "$WORK/pytest.log" 2>&1
   [ $? -eq 0 ] || status=1
   tail -3 "$WORK/pytest.log" | tee -a "$SUMMARY"
   grep -E "^(FAILED|ERROR)" "$WORK/pytest.log" | head -20 >> "$SUMMARY"

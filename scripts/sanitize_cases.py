@@ -5,11 +5,11 @@
     python scripts/sanitize_cases.py run --tool memcheck   # run one tool's cases (under the tool)
     python scripts/sanitize_cases.py report --tool memcheck LOG   # one summary line; exit status
 
-``run`` calls every fused kernel in every compiled tile config (forced with
-``JAX_SWIGLU_CONFIG``, read when a function is lowered, hence ``jax.clear_caches()`` between
-configs) on the cases of ``PLANS``: partial tiles in M on the smallest and the largest Qwen2.5
-MLP. It prints ``CASE ...`` before each call and ``OK``/``WRONG`` after it, then ``DONE``.
-Each result is also checked against a host fp32 reference (the criterion of tests/gpu/test_kernels.py),
+``run`` calls every compiled row of the config table (forced with ``swiglu(..., launch=...)``)
+at each of its split choices on the cases of ``PLANS``: partial tiles in M on the smallest and
+the largest Qwen2.5 MLP. It prints ``CASE ...`` before each call and ``OK``/``WRONG`` after
+it, then ``DONE``. Each result is also checked against a host fp32 reference (the criterion of
+tests/kernels/criterion.py; the fp8 rows against the fp8 spec),
 so a hazard that corrupts the output shows up even when the tool says nothing. Inputs are
 made on the host and copied over, and the reference is computed on the host, so the only
 device work is the kernel, one fill (the NaN poison the output is written into) and copies:
@@ -46,7 +46,7 @@ SANITIZER_ENV = {
 SANITIZER_XLA_FLAGS = ("--xla_gpu_autotune_level=0", "--xla_gpu_enable_command_buffer=")
 
 EDGE_M = (1, 63, 65, 129)  # one row; around the 64-row (pingpong) and 128-row tiles
-GEMV_M = (1, 2, 3, 8, 15, 16)  # the gemv kernel's tokens: each config's most, one below it
+GEMV_M = (1, 2, 3, 4, 7, 8)  # the gemv rows' tokens: each row's most, one below it
 SMALL, LARGE = "qwen2.5-0.5b", "qwen2.5-72b"  # (896, 4864) and (8192, 29568)
 
 
@@ -113,7 +113,7 @@ def _host_inputs(k: int, n: int, m_max: int, seed: int):
 
 
 def check(y, reference):
-    """(elements off, relative Frobenius error): the criterion of tests/gpu/test_kernels.py."""
+    """(elements off, relative Frobenius error): the criterion of tests/kernels/criterion.py."""
     import numpy as np
 
     y = np.asarray(y, np.float32)
@@ -150,92 +150,73 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
         print(f"SETUP the fused kernels cannot run here: {unusable}")
         return 2
     configs = jax_swiglu.kernel_configs()
-    kernels = [k for k in jax_swiglu.KERNELS if k in configs]
-    if not all(configs.get(kernel) for kernel in kernels):
-        print(f"SETUP no compiled tile configs for {kernels}: {jax_swiglu.unavailable_reason()}")
+    if not configs:
+        print(f"SETUP no compiled tile configs: {jax_swiglu.unavailable_reason()}")
         return 2
     if unusable:
         print(f"NOTE reference path only ({unusable}); configs are checked in the CUDA lowering")
 
-    def fused(kernel, n):
+    def fused(launch, weights):
         # The NaN-filled first argument is donated and aliased to the output, so an element
-        # the kernel skips stays NaN (see tests/gpu/test_kernels.py).
-        return jax.jit(
-            lambda poison, x, data: jax_swiglu.swiglu(
-                x, jax_swiglu.PackedWeights(data, n), kernel=kernel),
-            donate_argnums=0, keep_unused=True)
+        # the kernel skips stays NaN (see tests/kernels/criterion.py).
+        return jax.jit(lambda poison, x, w: jax_swiglu.swiglu(x, weights(w), launch=launch),
+                       donate_argnums=0, keep_unused=True)
 
+    shapes = {"qwen2.5-0.5b": (896, 4864), "qwen2.5-72b": (8192, 29568)}
     data = {}
     for model in models:
-        k, n = jax_swiglu.QWEN25_MLPS[model]
+        k, n = shapes[model]
         start = time.time()
         x, packed, reference = _host_inputs(k, n, max(*m_values, *GEMV_M), seed=len(data))
         data[model] = (k, n, x, jax.device_put(packed), reference)
         print(f"inputs {model} K={k} N={n}: {time.time() - start:.1f} s")
 
-    # A config that runs M in bands runs only multiples of its bands (none of the M here);
-    # a gemv config runs at most its few tokens, and its M here are its own (GEMV_M).
-    def ms(kernel, config):
-        c = configs[kernel][config]
-        values = GEMV_M if c.max_m is not None else m_values
-        return [m for m in values if c.runs(m)]
-    for kernel in kernels:
-        for config in sorted(configs[kernel]):
-            if not ms(kernel, config):
-                print(f"NOTE config {config} runs M in bands of "
-                      f"{configs[kernel][config].m_multiple} rows: no case here")
-    # Stream-K configs also run as split-K (their workspace and fixed-order reduction), gemv
-    # configs at every cluster size. SANITIZE_CONFIGS="18 19" limits the run to those
-    # interleaved configs, SANITIZE_GEMV_CONFIGS="0 3" the gemv ones ("none" skips them).
+    # A row that runs M in bands runs only multiples of its bands (none of the M here); a
+    # gemv row runs at most its few tokens, and its M here are its own (GEMV_M).
+    def ms(row):
+        return [m for m in (GEMV_M if row.max_m else m_values) if row.runs(m)]
+    for row in configs.values():
+        if not ms(row):
+            print(f"NOTE config {row.id} runs M in bands of {row.m_multiple} rows: no case here")
+    # Stream-K rows also run as split-K (their workspace and fixed-order reduction), gemv rows
+    # at every cluster size. SANITIZE_CONFIGS="18 19" limits the run to those rows.
     only = {int(c) for c in os.environ.get("SANITIZE_CONFIGS", "").split()}
-    gemv_only = os.environ.get("SANITIZE_GEMV_CONFIGS", "").split()
-
-    def wanted(kernel, config):
-        if kernel == "gemv":
-            return gemv_only != ["none"] and (not gemv_only or str(config) in gemv_only)
-        return not only or (kernel == "interleaved" and config in only)
-    min_k = min(jax_swiglu.QWEN25_MLPS[model][0] for model in models)
-    launches = [(kernel, config, splits) for kernel in kernels for config in sorted(configs[kernel])
-                if wanted(kernel, config)
-                for splits in configs[kernel][config].split_choices(min_k)]
-    # The fp8 kernel's configs (SANITIZE_FP8_CONFIGS="2 3" limits them, "none" skips them),
-    # on the same x and weights quantized, checked against the fp8 spec; its gemv rows at
-    # their own M and every cluster size, as the gemv configs.
-    fp8_only = os.environ.get("SANITIZE_FP8_CONFIGS", "").split()
-    fp8_table = jax_swiglu._native.fp8_configs()
-    fp8_launches = [] if fp8_only == ["none"] else [
-        (c, splits) for c in sorted(fp8_table) if not fp8_only or str(c) in fp8_only
-        for splits in (fp8_table[c].split_choices(min_k) if fp8_table[c].is_gemv else (1,))]
-
-    def fp8_ms(config):
-        c = fp8_table[config]
-        return [m for m in (GEMV_M if c.max_m is not None else m_values) if c.runs(m)]
-    planned = (sum(len(ms(kernel, config)) for kernel, config, _ in launches)
-               + sum(len(fp8_ms(config)) for config, _ in fp8_launches)) * len(models)
+    min_k = min(shapes[model][0] for model in models)
+    launches = [jax_swiglu.Launch(row.id, splits) for row in configs.values()
+                if not only or row.id in only
+                for splits in jax_swiglu._native.split_choices(row.id, min_k)]
+    planned = sum(len(ms(launch.row)) for launch in launches) * len(models)
     print(f"PLAN tool={tool} cases={planned}")
     cases = wrong = 0
-    env = selection.CONFIG_ENV_VAR
-    for kernel, config, splits in launches:
-        os.environ[env] = f"{config},splits={splits}"
-        jax.clear_caches()  # the config is read when a function is lowered
+    quantized = {}
+    for launch in launches:
+        row = launch.row
+        fp8 = row.operands == "e4m3"
         for model in models:
             k, n, x_all, packed, reference = data[model]
-            fn = fused(kernel, n)
-            for m in ms(kernel, config):
+            if fp8 and model not in quantized:
+                gate, up = jax_swiglu._layout.split_gate_up(packed.astype(jnp.float32), n)
+                quantized[model] = jax_swiglu.quantize_weights(gate, up)
+            weights = quantized[model] if fp8 else packed
+            fn = fused(launch, (lambda w: w) if fp8
+                       else (lambda data, n=n: jax_swiglu.PackedWeights(data, n)))
+            for m in ms(row):
                 cases += 1
-                label = (f"tool={tool} kernel={kernel} config={config} splits={splits} "
-                         f"{model} m={m} k={k} n={n}")
+                label = (f"tool={tool} kernel={row.family}{'-fp8' if fp8 else ''} "
+                         f"config={row.id} splits={launch.splits} {model} m={m} k={k} n={n}")
                 print(f"CASE {label}")
                 start = time.time()
                 try:
                     x = jax.device_put(x_all[:m])
                     poison = jnp.full((m, n), jnp.nan, x.dtype)
-                    lowered = lowered_config(fn.trace(poison, x, packed).lower(
+                    lowered = lowered_config(fn.trace(poison, x, weights).lower(
                         lowering_platforms=("cuda",)).as_text())
-                    if lowered != config:
+                    if lowered != row.id:
                         raise AssertionError(f"the CUDA lowering uses config {lowered}")
-                    y = jax.block_until_ready(fn(poison, x, packed))
-                    off, rel_fro = check(y, reference[:m])
+                    y = jax.block_until_ready(fn(poison, x, weights))
+                    expected = (np.asarray(jax_swiglu.swiglu_reference_quantized(x, weights),
+                                           np.float32) if fp8 else reference[:m])
+                    off, rel_fro = check(y, expected)
                     verdict = "OK" if off == 0 and rel_fro < 1e-2 else "WRONG"
                     detail = f"off={off} rel_fro={rel_fro:.3g}"
                 except Exception as error:  # noqa: BLE001 (reported, counted, carried on)
@@ -243,42 +224,6 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
                     verdict, detail = "WRONG", f"{type(error).__name__}: {message}"
                 wrong += verdict == "WRONG"
                 print(f"{verdict} {label} {detail} ({time.time() - start:.1f} s)")
-    fp8_fn = jax.jit(lambda poison, x, q: jax_swiglu.swiglu(x, q), donate_argnums=0,
-                     keep_unused=True)
-    quantized = {}
-    for config, splits in fp8_launches:
-        os.environ[env] = f"{config},splits={splits}" if fp8_table[config].is_gemv else str(config)
-        jax.clear_caches()
-        for model in models:
-            k, n, x_all, packed, _ = data[model]
-            if model not in quantized:
-                gate, up = jax_swiglu._layout.split_gate_up(packed.astype(jnp.float32), n)
-                quantized[model] = jax_swiglu.quantize_weights(gate, up)
-            q = quantized[model]
-            for m in fp8_ms(config):
-                cases += 1
-                label = (f"tool={tool} kernel=fp8 config={config} splits={splits} {model} m={m} "
-                         f"k={k} n={n}")
-                print(f"CASE {label}")
-                start = time.time()
-                try:
-                    x = jax.device_put(x_all[:m])
-                    poison = jnp.full((m, n), jnp.nan, x.dtype)
-                    lowered = lowered_config(fp8_fn.trace(poison, x, q).lower(
-                        lowering_platforms=("cuda",)).as_text())
-                    if lowered != config:
-                        raise AssertionError(f"the CUDA lowering uses config {lowered}")
-                    y = jax.block_until_ready(fp8_fn(poison, x, q))
-                    spec = jax_swiglu.swiglu_reference_quantized(x, q)
-                    off, rel_fro = check(y, np.asarray(spec, np.float32))
-                    verdict = "OK" if off == 0 and rel_fro < 1e-2 else "WRONG"
-                    detail = f"off={off} rel_fro={rel_fro:.3g}"
-                except Exception as error:  # noqa: BLE001
-                    message = " ".join(str(error).split())[:500]
-                    verdict, detail = "WRONG", f"{type(error).__name__}: {message}"
-                wrong += verdict == "WRONG"
-                print(f"{verdict} {label} {detail} ({time.time() - start:.1f} s)")
-    os.environ.pop(env, None)
     print(f"DONE tool={tool} cases={cases} wrong={wrong}")
     return 1 if wrong else 0
 
@@ -467,11 +412,10 @@ def _planned_cases(tool: str):
     import jax_swiglu
 
     plan = PLANS[tool]
-    for kernel in (k for k in jax_swiglu.KERNELS if k != "xla"):
-        for config in sorted(jax_swiglu.kernel_configs().get(kernel, {})):
-            for model in plan.models:
-                for m in plan.m_values:
-                    yield kernel, config, model, m
+    for config in jax_swiglu.kernel_configs():
+        for model in plan.models:
+            for m in plan.m_values:
+                yield config, model, m
 
 
 # --- command line ---------------------------------------------------------------------------
@@ -497,7 +441,7 @@ def main(argv=None) -> int:
         for tool, plan in PLANS.items():
             cases = list(_planned_cases(tool))
             print(f"{tool}: {plan.why}; M {list(plan.m_values)} x {list(plan.models)} x every "
-                  f"fused kernel and config: {len(cases)} calls")
+                  f"compiled config: {len(cases)} calls")
         return 0
     if args.command == "run":
         plan = PLANS[args.tool]

@@ -337,7 +337,8 @@ def check_cuda_partitioning(mesh):
     local_m, local_width = m // data_shards, 2 * N // model_shards
     x = jax.ShapeDtypeStruct((m, K), jnp.bfloat16, sharding=NamedSharding(mesh, P("data")))
     packed = put_packed(mesh, inputs()["packed"], None, "model")
-    config = selection.choose(local_m, N // model_shards, K, jnp.bfloat16).config.id
+    config = selection.choose(selection.Problem(local_m, N // model_shards, K,
+                                                "bfloat16")).launch.config
     local_call = ("jax_swiglu_interleaved_silu_bf16", f"bf16[{local_m},{K}]",
                   f"bf16[{K},{local_width}]", f"bf16[{local_m},{N // model_shards}]", config)
 
@@ -387,6 +388,46 @@ def check_shard_map_lowers_to_local_kernel_call(mesh):
     assert local in calls[0][1], calls
 
 
+def put_quantized(mesh, q, n_axis):
+    """fp8 weights with their rows (packed columns) and per-channel scales on ``n_axis``."""
+    spec = {2: (n_axis, None), 1: (n_axis,), 0: ()}
+    return jax.tree.map(lambda a: put(mesh, a, *spec[a.ndim]), q)
+
+
+FP8_CALL = re.compile(r"= (\w+\[[\d,]*\])\S* custom-call\(.*?custom_call_target="
+                      r"\"(jax_swiglu_interleaved_fp8_\w+)\", operand_layout_constraints=\{(.*?)\}, api_version")
+
+
+def check_fp8_column_parallel(mesh):
+    """fp8 weights shard as the 16-bit ones do: column parallel (the weights' packed columns
+    and their scales along N, tokens along M), each device runs the fp8 kernel on its own
+    block with no collective (no all-gather of the weights); the CPU result (the reference,
+    partitioned) is the unsharded one up to one rounding (the CPU's fp32 dot of a block of
+    rows may add in another order than the whole's)."""
+    data_shards, model_shards = mesh.shape["data"], mesh.shape["model"]
+    w = inputs()
+    quantized = jax_swiglu.quantize_weights(w["w_gate"], w["w_up"])
+    q = put_quantized(mesh, quantized, "model")
+    x = put(mesh, w["x"], "data")
+    expected = jax.jit(swiglu)(w["x"], quantized)
+    y = jax.jit(swiglu)(x, q)
+    assert_close(y, expected)
+    require_kernels()
+    m = 512 * data_shards
+    x_type = jax.ShapeDtypeStruct((m, K), jnp.bfloat16, sharding=NamedSharding(mesh, P("data")))
+    for scale in ("per_channel", "per_tensor"):
+        q = put_quantized(mesh, jax_swiglu.quantize_weights(w["w_gate"], w["w_up"], scale=scale),
+                          "model")
+        hlo = cuda_partitioned_hlo(swiglu, x_type, q)
+        calls = FP8_CALL.findall(hlo)
+        assert len(calls) == 1, calls
+        result, _, operands = calls[0]
+        assert dims(result) == [m // data_shards, N // model_shards], calls
+        shapes = [dims(s) for s in re.findall(r"\w+\[[\d,]*\]", operands)]
+        assert [m // data_shards, K] in shapes and [2 * N // model_shards, K] in shapes, shapes
+        assert collectives(hlo) == [], collectives(hlo)
+
+
 def check_gspmd_partitioner(mesh):
     """The same rules under the older GSPMD partitioner."""
     shardy = jax.config.jax_use_shardy_partitioner
@@ -406,7 +447,7 @@ for _check in (check_column_parallel, check_tensor_parallel_mlp, check_k_sharded
                check_shard_map_lowers_to_local_kernel_call,
                check_shard_map_of_padded_n_is_refused, check_vmap,
                check_pack_sharded_weights, check_pack_refuses_split_pairs,
-               check_bad_n_split_is_a_clear_error):
+               check_bad_n_split_is_a_clear_error, check_fp8_column_parallel):
     for _shape in MESH_SHAPES:
         for _axis_type in AXIS_TYPES:
             CHECKS[f"{_check.__name__[6:]}[{_shape[0]}x{_shape[1]}-{_axis_type}]"] = (

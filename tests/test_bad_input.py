@@ -27,7 +27,9 @@ def test_primitive_checks_alignment_too(key):
     # A direct bind with misaligned shapes is refused by the abstract eval.
     with pytest.raises(ValueError, match="multiples of 8"):
         jax.eval_shape(
-            lambda x, w: jax_swiglu.swiglu_p.bind(x, w, n=60, kernel="auto", activation="silu"),
+            lambda x, w: jax_swiglu.swiglu_p.bind(x, w, n=60, weights="packed", kernel="auto",
+                                                  launch=None, activation="silu",
+                                                  out_dtype="bfloat16"),
             jax.ShapeDtypeStruct((4, 16), jnp.bfloat16), jax.ShapeDtypeStruct((16, 128), jnp.bfloat16))
 
 
@@ -59,13 +61,13 @@ def test_non_sm90_gpu_falls_back_to_xla_with_one_warning(monkeypatch):
     monkeypatch.setattr(selection, "local_gpu_is_sm90", lambda: False)
     selection._warn_once.cache_clear()
     with pytest.warns(RuntimeWarning, match="SM90"):
-        first = selection.choose(128, 4864, 896, jnp.bfloat16)
-    assert first.kernel == "xla" and first.target is None
+        first = selection.choose(selection.Problem(128, 4864, 896, "bfloat16"))
+    assert first.launch is None
     with warnings_as_errors():  # said once, not per call
-        selection.choose(256, 4864, 896, jnp.bfloat16)
+        selection.choose(selection.Problem(256, 4864, 896, "bfloat16"))
     # Forcing a fused kernel there is an error that names the reason.
     with pytest.raises(RuntimeError, match="SM90"):
-        selection.choose(128, 4864, 896, jnp.bfloat16, kernel="interleaved")
+        selection.choose(selection.Problem(128, 4864, 896, "bfloat16"), kernel="interleaved")
 
 
 def test_missing_extension_falls_back_with_one_warning(monkeypatch):
@@ -73,22 +75,21 @@ def test_missing_extension_falls_back_with_one_warning(monkeypatch):
     monkeypatch.setattr(_native, "_IMPORT_ERROR", "the extension was not built (test)")
     selection._warn_once.cache_clear()
     with pytest.warns(RuntimeWarning, match="not built"):
-        assert selection.choose(128, 4864, 896, jnp.bfloat16).kernel == "xla"
+        assert selection.choose(selection.Problem(128, 4864, 896, "bfloat16")).launch is None
     with pytest.raises(RuntimeError, match="not built"):
-        selection.choose(128, 4864, 896, jnp.bfloat16, kernel="interleaved")
+        selection.choose(selection.Problem(128, 4864, 896, "bfloat16"), kernel="interleaved")
 
 
 @requires_kernels
 def test_lowering_on_a_non_sm90_gpu_has_no_custom_call(monkeypatch):
     monkeypatch.setattr(selection, "local_gpu_is_sm90", lambda: False)
     selection._warn_once.cache_clear()
-    jax.clear_caches()
     packed = pack_weights(*random_weights(jax.random.key(0), 64, 128))
     with pytest.warns(RuntimeWarning, match="SM90"):
-        hlo = jax.jit(swiglu).trace(jax.ShapeDtypeStruct((8, 64), jnp.bfloat16), packed).lower(
+        hlo = jax.jit(lambda x, p: swiglu(x, p)).trace(
+            jax.ShapeDtypeStruct((8, 64), jnp.bfloat16), packed).lower(
             lowering_platforms=("cuda",)).as_text()
     assert "jax_swiglu_interleaved" not in hlo and "stablehlo.dot_general" in hlo
-    jax.clear_caches()
 
 
 class warnings_as_errors:

@@ -183,14 +183,15 @@ def test_benchmark_main_writes_the_run(tmp_path, monkeypatch, capsys):
 # --- calibration and the tuning data -------------------------------------------------------
 
 def _config(**fields):
-    base = dict(kernel="interleaved", id=0, schedule="cooperative", m_side="tokens", tile_m=128,
-                tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, scheduler="persistent",
-                store="direct", m_bands=1, optional=False)
+    base = dict(family="interleaved", operands="16bit", id=0, schedule="cooperative",
+                m_side="tokens", tile_m=128, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1,
+                scheduler="persistent", store="direct", m_bands=1, optional=False,
+                compiled=True, max_m=0, m_multiple=1, ctas_per_sm=1, takes_splits=False)
     return {**base, **fields}
 
 
 CONFIGS = {"a": _config(id=2), "b": _config(id=18, m_side="weights", tile_m=16, tile_n=128,
-                                              scheduler="stream-k")}
+                                              scheduler="stream-k", takes_splits=True)}
 
 
 def _key(fields):
@@ -332,13 +333,12 @@ def test_tensor_parallel_script_on_host_devices(tmp_path):
 
 
 def test_profile_script_brackets_one_call_per_launch(monkeypatch, capsys):
-    """benchmarks/profile_kernels.py: a KERNEL:LAUNCH launch compiles with its forcing variables
-    set, and unset afterwards; exactly one call of each launch sits between profiler start and
-    stop (what ncu --profile-from-start off records)."""
+    """benchmarks/profile_kernels.py: a launch compiles with it forced (``swiglu(launch=...)``);
+    exactly one call of each launch sits between profiler start and stop (what ncu
+    --profile-from-start off records)."""
     from benchmarks import profile_kernels
-    from jax_swiglu import selection
 
-    events, seen = [], []
+    events, forced = [], []
 
     class Recorder:
         def start(self):
@@ -347,27 +347,24 @@ def test_profile_script_brackets_one_call_per_launch(monkeypatch, capsys):
         def stop(self):
             events.append("stop")
 
-    real_jit = profile_kernels.jax.jit
+    real_fused = profile_kernels.bench_swiglu.fused
 
-    def spying_jit(fn):
-        seen.append((os.environ.get(selection.ENV_VAR), os.environ.get(selection.CONFIG_ENV_VAR)))
-        return real_jit(fn)
+    def spying_fused(kernel="auto", activation="silu", launch=None):
+        forced.append(launch)
+        return real_fused(kernel, activation, launch)
 
-    monkeypatch.delenv(selection.CONFIG_ENV_VAR, raising=False)
-    monkeypatch.delenv(selection.ENV_VAR, raising=False)
     monkeypatch.setattr(profile_kernels, "_DriverProfiler", Recorder)
-    monkeypatch.setattr(profile_kernels.jax, "jit", spying_jit)
+    monkeypatch.setattr(profile_kernels.bench_swiglu, "fused", spying_fused)
     profile_kernels.main(["--rows", "qwen2.5-0.5b:16", "--launches", "gemm", "auto",
-                          "interleaved:1,swizzle=2"])
+                          "1,swizzle=2"])
     assert events == ["start", "stop"] * 3
-    assert seen == [(None, None), (None, None), ("interleaved", "1,swizzle=2")]
-    assert selection.ENV_VAR not in os.environ and selection.CONFIG_ENV_VAR not in os.environ
+    assert forced == [None, "1,swizzle=2"]
     assert capsys.readouterr().out.count("profiling qwen2.5-0.5b M=16") == 3
 
 
 def test_fp8_benchmark_targets_and_report():
     from benchmarks import bench_fp8
-    from jax_swiglu import PUBLIC_MLPS
+    from benchmarks.shapes import PUBLIC_MLPS
 
     def row(model, m, fp8, xla, bf16, off=0):
         k, n = PUBLIC_MLPS[model]

@@ -5,7 +5,6 @@ Criterion, as the issue states it: no element more than 1 % + 1e-3 off
 ``swiglu_reference_quantized`` (fp32 math on the dequantized x and weights).
 """
 
-import dataclasses
 import functools
 import re
 
@@ -18,7 +17,7 @@ import jax_swiglu
 from jax_swiglu import (QuantizedWeights, dequantize_weights, pack_weights, quantize_tokens,
                         quantize_weights, swiglu, swiglu_reference_quantized)
 
-from jax_swiglu.selection import _fp8
+from jax_swiglu import selection
 
 from helpers import random_weights, random_x, requires_kernels
 
@@ -123,7 +122,7 @@ def test_fused_mlp_leading_dims_vmap_and_explain():
     batched = jax.vmap(lambda x: swiglu(x, q))(x)
     np.testing.assert_array_equal(np.asarray(batched), np.asarray(swiglu(x, q)))
     text = jax_swiglu.explain(jax.ShapeDtypeStruct((4, 64), jnp.bfloat16), q)
-    assert "float8_e4m3fn weights (per_channel)" in text and "xla (dequantized" in text
+    assert "float8_e4m3fn weights (per_channel)" in text and "xla on the dequantized" in text
 
 
 def test_cuda_lowering_of_the_xla_path_is_the_spec():
@@ -157,16 +156,18 @@ def _fp8_calls(hlo):
 @requires_kernels
 @pytest.mark.parametrize("m", [1, 16, 17, 64, 65, 300, 4096])
 @pytest.mark.parametrize("x_dtype, suffix", [(jnp.bfloat16, "bf16"), (jnp.float16, "f16")])
-def test_cuda_lowering_names_the_fp8_kernel_the_rule_picks(m, x_dtype, suffix):
+def test_cuda_lowering_runs_the_fp8_launch_the_selection_picks(m, x_dtype, suffix):
     q = quantize_weights(*random_weights(jax.random.key(9), 256, 1024, jnp.float32))
-    choice = _fp8.choose_fp8(m, 1024, 256, x_dtype)
-    hlo = jax.jit(swiglu).trace(jax.ShapeDtypeStruct((m, 256), x_dtype), q).lower(
-        lowering_platforms=("cuda",)).as_text()
-    assert _fp8_calls(hlo) == [(f"jax_swiglu_interleaved_fp8_silu_{suffix}", choice.config.id)]
+    out = jnp.dtype(x_dtype).name
+    choice = selection.choose(selection.Problem(m, 1024, 256, out, "e4m3"))
+    hlo = jax.jit(lambda x, w: swiglu(x, w)).trace(
+        jax.ShapeDtypeStruct((m, 256), x_dtype), q).lower(lowering_platforms=("cuda",)).as_text()
+    assert _fp8_calls(hlo) == [(f"jax_swiglu_interleaved_fp8_silu_{suffix}",
+                                choice.launch.config)]
     # The x pre-pass quantizes to e4m3 in XLA; no dot is left for XLA.
     assert "stablehlo.dot_general" not in hlo and "f8E4M3FN" in hlo
     text = jax_swiglu.explain(jax.ShapeDtypeStruct((m, 256), x_dtype), q, platform="cuda")
-    assert f"config {choice.config.id}" in text and "fp8 rule" in text
+    assert f"config {choice.launch.config}" in text and "heuristic" in text
 
 
 @requires_kernels
@@ -175,41 +176,16 @@ def test_fp8_calls_the_kernel_cannot_run_lower_to_xla():
     w = random_weights(jax.random.key(9), 48, 64, jnp.float32)
     for q, k in ((quantize_weights(*w, dtype=jnp.float8_e5m2), 48),
                  (quantize_weights(*random_weights(jax.random.key(9), 40, 64, jnp.float32)), 40)):
-        hlo = jax.jit(swiglu).trace(jax.ShapeDtypeStruct((8, k), jnp.bfloat16), q).lower(
+        hlo = jax.jit(lambda x, w: swiglu(x, w)).trace(
+            jax.ShapeDtypeStruct((8, k), jnp.bfloat16), q).lower(
             lowering_platforms=("cuda",)).as_text()
         assert _fp8_calls(hlo) == [] and "stablehlo.dot_general" in hlo
         text = jax_swiglu.explain(jax.ShapeDtypeStruct((8, k), jnp.bfloat16), q, platform="cuda")
-        assert "xla" in text and ("e5m2" in text or "multiple of 16" in text)
+        assert "xla" in text and ("e5m2" in text or "K=40" in text)
         # Forcing the fused kernel there is an error that says why, when the call is lowered.
-        forced = functools.partial(swiglu, kernel="interleaved")
-        with pytest.raises(RuntimeError, match="e5m2|multiple of 16"):
-            jax.jit(forced).trace(jax.ShapeDtypeStruct((8, k), jnp.bfloat16), q).lower(
-                lowering_platforms=("cuda",))
-
-
-def _configs():
-    from jax_swiglu._native import KernelConfig
-    rows = [KernelConfig("fp8", 0, "cooperative", 128, 128, 128, 2, 1, "persistent", "direct"),
-            KernelConfig("fp8", 1, "cooperative", 128, 128, 128, 1, 1, "stream-k", "direct"),
-            KernelConfig("fp8", 2, "cooperative", 16, 128, 128, 1, 1, "stream-k", "direct",
-                         m_side="weights"),
-            KernelConfig("fp8", 3, "cooperative", 64, 128, 128, 1, 1, "stream-k", "direct",
-                         m_side="weights")]
-    return {c.id: c for c in rows}
-
-
-def test_fp8_rule_follows_tokens_waves_and_the_sm_count():
-    configs = _configs()
-    assert [_fp8.rule(m, 4096, 132, configs)[0] for m in (1, 5, 16, 17, 40, 64)] == [2] * 3 + [3] * 3
-    # 128 x 128 tiles of N = 4096 (64 per row of tiles): M = 256 is 128 tiles on 132 SMs, 97 %
-    # of one wave (persistent); M = 384 is 1.45 waves (stream-K); M = 8192, 31 waves.
-    assert _fp8.rule(256, 4096, 132, configs)[0] == 0
-    assert _fp8.rule(384, 4096, 132, configs)[0] == 1
-    assert _fp8.rule(8192, 4096, 132, configs)[0] == 0
-    # On 114 SMs (an H100 PCIe): 192 tiles are 1.68 waves, the last 68 % full (stream-K);
-    # M = 1792 is 896 tiles, 7.9 waves (persistent).
-    assert _fp8.rule(384, 4096, 114, configs)[0] == 1
-    assert _fp8.rule(1792, 4096, 114, configs)[0] == 0
+        with pytest.raises(ValueError, match="e5m2 operands|multiple of 16"):
+            jax.jit(lambda x, w: swiglu(x, w, kernel="interleaved")).trace(
+                jax.ShapeDtypeStruct((8, k), jnp.bfloat16), q).lower(lowering_platforms=("cuda",))
 
 
 def test_the_fp8_primitive_on_the_cpu_is_the_xla_path():
@@ -288,93 +264,57 @@ def test_bad_fp8_calls_are_refused(quantized):
         swiglu(x.astype(jnp.float32), quantized)
     with pytest.raises(ValueError, match="K=32"):
         swiglu(x[:, :32], quantized)
-    with pytest.raises(RuntimeError, match="pingpong kernel has no fp8 form"):
-        swiglu(x, quantized, kernel="pingpong")
     with pytest.raises(TypeError, match="w_down is float32"):
         jax_swiglu.fused_mlp(x, quantized, jnp.zeros((64, 64), jnp.float32))
 
 
-def _configs_with_candidates():
-    """_configs() and Optional candidates like the table's: a wider tile, 64-deep k tiles and
-    a gemv row (the gemv kernel's fp8 form)."""
-    from jax_swiglu._native import KernelConfig
-    rows = _configs()
-    rows[4] = KernelConfig("fp8", 4, "cooperative", 128, 192, 128, 2, 1, "persistent", "direct",
-                           optional=True)
-    rows[5] = KernelConfig("fp8", 5, "cooperative", 128, 128, 64, 2, 1, "persistent", "direct",
-                           optional=True)
-    rows[6] = KernelConfig("fp8", 6, "mma-sync", 16, 64, 64, 1, 1, "cluster-split-k", "direct",
-                           m_side="weights", optional=True)
-    return rows
-
-
-@pytest.fixture
-def candidate_table(monkeypatch):
-    monkeypatch.setattr(jax_swiglu._native, "fp8_configs", _configs_with_candidates)
-    return _configs_with_candidates()
-
-
 @requires_kernels
-def test_the_fp8_rule_picks_among_the_rows_every_build_compiles(candidate_table):
-    """Optional rows (candidates not yet measured; CI builds them) run only when forced, and
-    the rule's swap-AB tiles are wgmma ones, never a gemv row."""
-    always = {i: c for i, c in candidate_table.items() if not c.optional}
-    gemv_too = {**always, 6: dataclasses.replace(candidate_table[6], optional=False)}
-    for m in (1, 8, 16, 17, 64, 65, 300, 2048, 8192):
-        for n in (1024, 4864, 18944):
-            choice = _fp8.choose_fp8(m, n, 256, jnp.bfloat16)
-            assert choice.config.id == _fp8.rule(m, n, 132, always)[0] < 4
-            assert _fp8.rule(m, n, 132, gemv_too)[0] == choice.config.id
-
-
-@requires_kernels
-def test_a_forced_promotion_is_whole_k_tiles_of_the_config(candidate_table, monkeypatch):
-    """promotion=<p> counts wgmma of 32 of K: a multiple of the config's k tile (128: 4 of
-    them; 64: 2), or a clear error when the call is lowered."""
-    def forced(text):
-        monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, text)
-        return _fp8.choose_fp8(2048, 1024, 256, jnp.bfloat16)
-    with pytest.raises(ValueError, match="fp8 config 0 promotes after whole k tiles of 4 wgmma"):
-        forced("0,promotion=2")
-    choice = forced("0,promotion=8")
-    assert choice.ffi_attributes()["promotion"] == 8 and "promotion every 8" in choice.describe()
-    choice = forced("0")
-    assert choice.ffi_attributes()["promotion"] == 4 and "promotion every" not in choice.describe()
-    assert forced("5").ffi_attributes()["promotion"] == 2
-    choice = forced("5,promotion=2")
-    assert choice.ffi_attributes()["promotion"] == 2 and "promotion every" not in choice.describe()
-    assert forced("5,promotion=8").ffi_attributes()["promotion"] == 8
-
-
-@requires_kernels
-def test_a_forced_fp8_gemv_row(candidate_table, monkeypatch):
-    """A gemv row runs at most its tokens, K over a cluster of CTAs that K has steps of 64 for,
-    and no promotion=; wgmma rows take no splits=."""
-    def forced(text, m=8, k=256):
-        monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, text)
-        return _fp8.choose_fp8(m, 1024, k, jnp.bfloat16)
-    choice = forced("6,splits=4")
-    assert choice.config.id == 6 and choice.ffi_attributes()["splits"] == 4
-    assert "K over 4 CTAs" in choice.describe() and "mma.sync" in choice.describe()
-    assert forced("6").ffi_attributes()["splits"] == 1
-    with pytest.raises(ValueError, match="fp8 config 6 runs at most 16 tokens, got M=17"):
-        forced("6", m=17)
-    with pytest.raises(ValueError, match=r"splits K=256 over one of \(1, 2, 4\) CTAs, not 8"):
-        forced("6,splits=8")
-    with pytest.raises(ValueError, match="promotes after every mma"):
-        forced("6,promotion=4")
-    with pytest.raises(ValueError, match="fp8 config 0 takes no splits="):
-        forced("0,splits=2", m=2048)
-
-
-@requires_kernels
-@pytest.mark.parametrize("forced, match", [("9", "fp8 config"), ("0,promotion=5", "promotion"),
-                                           ("0,splits=2", "promotion")])
-def test_a_bad_forced_fp8_launch_is_refused_when_lowered(forced, match, monkeypatch):
-    monkeypatch.setenv(jax_swiglu.selection.CONFIG_ENV_VAR, forced)
-    jax.clear_caches()
-    q = quantize_weights(*random_weights(jax.random.key(9), 256, 1024, jnp.float32))
-    with pytest.raises(ValueError, match=match):
-        jax.jit(swiglu).trace(jax.ShapeDtypeStruct((8, 256), jnp.bfloat16), q).lower(
+def test_a_family_without_an_fp8_form_is_refused(quantized):
+    x = random_x(jax.random.key(13), (4, 64))
+    with pytest.raises(ValueError, match="no gate_then_up kernel on e4m3 operands"):
+        jax.jit(lambda x, w: swiglu(x, w, kernel="pingpong")).trace(x, quantized).lower(
             lowering_platforms=("cuda",))
-    jax.clear_caches()
+
+
+def _fp8_row(**fields):
+    [row] = [row for row in jax_swiglu.kernel_configs().values() if row.operands == "e4m3"
+             and all(getattr(row, k) == v for k, v in fields.items())]
+    return row
+
+
+def _fp8_hlo(launch, m=2048, k=256):
+    q = quantize_weights(*random_weights(jax.random.key(9), k, 1024, jnp.float32))
+    return jax.jit(lambda x, w: swiglu(x, w, launch=launch)).trace(
+        jax.ShapeDtypeStruct((m, k), jnp.bfloat16), q).lower(
+        lowering_platforms=("cuda",)).as_text()
+
+
+@requires_kernels
+def test_a_forced_promotion_is_whole_k_tiles_of_the_config():
+    """promotion=<p> counts wgmma of 32 of K: a multiple of the row's k tile (128: 4 of
+    them; 64: 2), or a clear error when the call is traced."""
+    deep = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
+    assert re.search(r"promotion = 8 : i64", _fp8_hlo(f"{deep.id},promotion=8"))
+    assert re.search(r"promotion = 4 : i64", _fp8_hlo(f"{deep.id}"))
+    with pytest.raises(ValueError, match="promotes after whole k tiles of 4 wgmma"):
+        _fp8_hlo(f"{deep.id},promotion=2")
+    shallow = [row for row in jax_swiglu.kernel_configs().values()
+               if row.operands == "e4m3" and row.tile_k == 64]
+    for row in shallow:  # an Optional row: in builds with every config
+        assert re.search(r"promotion = 2 : i64", _fp8_hlo(f"{row.id}"))
+        assert re.search(r"promotion = 8 : i64", _fp8_hlo(f"{row.id},promotion=8"))
+    explained = jax_swiglu.explain(jax.ShapeDtypeStruct((64, 256), jnp.bfloat16),
+                                   quantize_weights(*random_weights(jax.random.key(9), 256, 1024,
+                                                                    jnp.float32)),
+                                   launch=f"{deep.id},promotion=8", platform="cuda")
+    assert "promotion every 8" in explained and "forced" in explained
+
+
+@requires_kernels
+@pytest.mark.parametrize("launch, match", [
+    ("999", "no config 999"), ("{fp8},promotion=5", "promotes after whole k tiles"),
+    ("{fp8},splits=2", "has no split-K"), ("0", "runs 16bit operands")])
+def test_a_bad_forced_fp8_launch_is_a_trace_time_error(launch, match):
+    fp8 = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128).id
+    with pytest.raises(ValueError, match=match):
+        _fp8_hlo(launch.format(fp8=fp8))

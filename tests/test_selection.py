@@ -1,5 +1,6 @@
 """The selection engine on the CPU: resolution order, the learned rule, the cost model, the
-autotune cache, and (where the data file ships) that the engine reproduces its argmin."""
+autotune cache, the fp8 rule, and (where the data file ships) that the engine reproduces its
+argmin."""
 
 import json
 import math
@@ -13,30 +14,56 @@ import jax.numpy as jnp
 import pytest
 
 import jax_swiglu
-from jax_swiglu import _native, selection
-from jax_swiglu.selection import _cache, _data, _device, _engine, _model
+from benchmarks import shapes
+from jax_swiglu import _launch, _native, selection
+from jax_swiglu.selection import _cache, _data, _device, _engine, _heuristic, _model
 
 from helpers import requires_kernels
 
 H200 = _device.Device("NVIDIA H200", 90, 132, 4.9e12, local=False)
+with open(_data.data_path("NVIDIA H200")) as _f:
+    MODEL = json.load(_f)["model"]
+CONSTANTS = _model.Constants.from_dict(MODEL["cost"])
 
 
 def config(id, **fields):
-    base = dict(kernel="interleaved", id=id, schedule="cooperative", tile_m=128, tile_n=256,
+    """A row for the engine's tests (ids of no row of the real table: these are not launched)."""
+    base = dict(family="interleaved", id=id, schedule="cooperative", tile_m=128, tile_n=256,
                 tile_k=64, cluster_m=1, cluster_n=1, scheduler="persistent", store="direct",
                 m_bands=1, m_side="tokens")
-    return _native.KernelConfig(**{**base, **fields})
+    fields = {**base, **fields}
+    fields.setdefault("m_multiple", fields["m_bands"] * fields["tile_m"] * fields["cluster_m"]
+                      if fields["m_bands"] > 1 else 1)
+    fields.setdefault("takes_splits", fields["scheduler"] in ("stream-k", "cluster-split-k"))
+    return _native.KernelConfig(**fields)
 
 
-PREFILL = config(0)
-DECODE = config(1, m_side="weights", tile_m=16, tile_n=128, scheduler="stream-k")
-BANDED = config(2, schedule="pingpong", tile_n=192, cluster_m=2, m_bands=2)
+PREFILL = config(100)
+DECODE = config(101, m_side="weights", tile_m=16, tile_n=128, scheduler="stream-k")
+BANDED = config(102, schedule="pingpong", tile_n=192, cluster_m=2, m_bands=2)
 CONFIGS = {c.id: c for c in (PREFILL, DECODE, BANDED)}
+
+
+def fake_split_choices(config, k):
+    """The split choices of the test rows (the extension's rule, written out)."""
+    if config.scheduler == "stream-k":
+        return tuple(s for s in (1, 2, 4) if s == 1 or s <= -(-k // config.tile_k))
+    return (1,)
+
+
+def problem(m, n=4096, k=4096, dtype="bfloat16"):
+    return selection.Problem(m, n, k, dtype)
+
+
+def decide(m, n=4096, k=4096, **kwargs):
+    """The engine over the test rows that run M (what selection.candidates hands it)."""
+    return _engine.decide(problem(m, n, k), [c for c in CONFIGS.values() if c.runs(m)],
+                          **kwargs)
 
 
 def document(entries, device=H200):
     configs = {c.key: {k: v for k, v in c.__dict__.items()} for c in CONFIGS.values()}
-    return {"format": _data.FORMAT, "device": device.as_dict(),
+    return {"format": _data.FORMAT, "device": device.as_dict(), "model": MODEL,
             "calibrations": {"c1": {"date": "2026-12-01T00:00:00+00:00", "gpu": device.kind}},
             "configs": configs, "entries": entries}
 
@@ -47,14 +74,20 @@ def entry(m, n, k, times, **extra):
             **extra}
 
 
+def picked(decision):
+    """The test row a decision launches (None for XLA)."""
+    return None if decision.launch is None else CONFIGS[decision.launch.config]
+
+
 @pytest.fixture
 def engine(monkeypatch, tmp_path):
     """The engine over CONFIGS and a data document set by the test, on an H200 fingerprint."""
     state = {"data": None, "device": H200}
-    monkeypatch.setattr(_native, "kernel_configs", lambda: {"interleaved": CONFIGS})
     monkeypatch.setattr(_engine, "target_device", lambda: state["device"])
+    monkeypatch.setattr(_engine, "split_choices", fake_split_choices)
     monkeypatch.setattr(_data, "shipped", lambda kind: state["data"])
     monkeypatch.setattr(_data, "shipped_kinds", lambda: ["NVIDIA H200"])
+    monkeypatch.setattr(_data, "any_sm90", lambda: state["data"])
     monkeypatch.setenv(_cache.CACHE_DIR_ENV_VAR, str(tmp_path / "cache"))
 
     def set_data(entries, device=H200):
@@ -67,10 +100,10 @@ def engine(monkeypatch, tmp_path):
 def test_an_exact_entry_picks_its_fastest_candidate(engine):
     engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0}),
                         entry(4096, 4096, 4096, {PREFILL: 300.0, DECODE: 900.0})])
-    decision = _engine.decide(8, 4096, 4096, "bfloat16")
-    assert decision.config is DECODE and decision.source == "tuning data (measured)"
+    decision = decide(8)
+    assert picked(decision) is DECODE and decision.source == "tuning data (measured)"
     assert "measured 20.0 us" in decision.reason and "calibration c1" in decision.reason
-    assert _engine.decide(4096, 4096, 4096, "bfloat16").config is PREFILL
+    assert picked(decide(4096)) is PREFILL
 
 
 def test_finalists_timed_through_jax_are_ranked_by_that_time(engine):
@@ -80,55 +113,62 @@ def test_finalists_timed_through_jax_are_ranked_by_that_time(engine):
                               cupti_us={PREFILL.key: 21.0, DECODE.key: 19.8}),
                         entry(2, 4096, 4096, {PREFILL: 20.0, DECODE: 20.3},
                               cupti_us={DECODE.key: 19.8})])
-    assert _engine.decide(1, 4096, 4096, "bfloat16").config is DECODE
-    assert _engine.decide(2, 4096, 4096, "bfloat16").config is PREFILL
+    assert picked(decide(1)) is DECODE
+    assert picked(decide(2)) is PREFILL
 
 
 def test_xla_is_a_measured_candidate(engine):
     engine["set_data"]([entry(1, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0}, xla_us=18.0,
                               cupti_us={DECODE.key: 19.5})])
-    decision = _engine.decide(1, 4096, 4096, "bfloat16")
-    assert decision.config is None and "XLA measured 18.0 us against 19.5 us" in decision.reason
+    decision = decide(1)
+    assert picked(decision) is None
+    assert "XLA measured 18.0 us against 19.5 us" in decision.reason
     # A forced fused family never falls back to XLA.
-    assert _engine.decide(1, 4096, 4096, "bfloat16", kernel="interleaved").config is DECODE
+    assert picked(decide(1, xla_allowed=False)) is DECODE
 
 
 def test_the_learned_rule_corrects_the_model_with_the_nearest_measurements(engine):
     # DECODE measured 2x its model, PREFILL 0.5x, at M = 8 and 16 on a shape: at M = 12 (not
     # measured) the prediction keeps those corrections.
-    problem = lambda m: _model.Problem(m, 4096, 4096)  # noqa: E731
-    model = lambda c, m: _model.launch_us(c, 1, problem(m), 132, 4.9e12)  # noqa: E731
+    shape = lambda m: _model.Problem(m, 4096, 4096)  # noqa: E731
+    model = lambda c, m: _model.launch_us(c, 1, shape(m), 132, 4.9e12, CONSTANTS)  # noqa: E731
     engine["set_data"]([entry(m, 4096, 4096, {PREFILL: 0.5 * model(PREFILL, m),
                                              DECODE: 2.0 * model(DECODE, m)}) for m in (8, 16)])
     data = engine["data"]
     assert data.correction(DECODE.key, "bfloat16", 12, 4096, 4096) == pytest.approx(2.0)
-    predicted, learned = _engine.predict(data, H200, [PREFILL, DECODE], "bfloat16", 12, 4096, 4096)
-    assert learned
+    predicted = _engine.predict(data, H200, [PREFILL, DECODE], "bfloat16", shape(12),
+                                fake_split_choices)
     assert predicted[(PREFILL.key, 1)] == pytest.approx(0.5 * model(PREFILL, 12))
-    decision = _engine.decide(12, 4096, 4096, "bfloat16")
-    assert decision.source == "tuning data (learned rule)" and decision.config is PREFILL
+    decision = decide(12)
+    assert decision.source == "tuning data (learned rule)" and picked(decision) is PREFILL
     # Far from every measurement there is nothing to correct with: the model alone decides.
-    far = _engine.decide(12, 64, 128, "bfloat16")
+    far = decide(12, 64, 128)
     assert far.source == "heuristic" and "the cost model alone" in far.reason
 
 
 def test_another_sm_count_is_a_heuristic_on_that_gpu(engine):
     engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
     engine["device"] = _device.Device("NVIDIA H100 PCIe", 90, 114, 2.0e12)
-    decision = _engine.decide(8, 4096, 4096, "bfloat16")
+    decision = decide(8)
     assert decision.source == "heuristic"
     assert "114 SMs, corrected by the measurements of NVIDIA H200" in decision.reason
 
 
-def test_no_source_picks_a_config_that_cannot_run_the_shape(engine):
-    # BANDED is fastest where measured, but M = 384 is not a multiple of its bands (512).
-    engine["set_data"]([entry(384, 4096, 4096, {BANDED: 1.0, PREFILL: 50.0}),
-                        entry(1024, 4096, 4096, {BANDED: 1.0, PREFILL: 50.0})])
-    assert _engine.decide(384, 4096, 4096, "bfloat16").config is PREFILL
-    assert _engine.decide(1024, 4096, 4096, "bfloat16").config is BANDED
-    for m in (1, 100, 384, 700, 1000, 1536, 3000):
-        decision = _engine.decide(m, 4096, 4096, "bfloat16")
-        assert decision.config is None or m % decision.config.m_multiple == 0
+@requires_kernels
+@pytest.mark.parametrize("m", [1, 7, 9, 100, 384, 700, 1000, 1536, 3000, 4096])
+def test_candidates_are_the_rows_that_can_run_the_call(m):
+    """The candidates of a call are this build's rows of its operands that can run it: a
+    banded row only at multiples of its bands, a gemv row only up to its tokens."""
+    found = selection.candidates(problem(m))
+    assert found and all(row.compiled and row.operands == "16bit" for row in found)
+    assert all(m % row.m_multiple == 0 for row in found)
+    assert all(row.max_m == 0 or m <= row.max_m for row in found)
+    banded = [row for row in _native.kernel_configs().values() if row.m_bands > 1]
+    assert {row.id for row in banded if m % row.m_multiple == 0} <= {row.id for row in found}
+    fp8 = selection.candidates(selection.Problem(m, 4096, 4096, "bfloat16", "e4m3"))
+    assert fp8 and all(row.operands == "e4m3" for row in fp8)
+    # K not a multiple of 16 leaves no e4m3 row that can run.
+    assert selection.candidates(selection.Problem(m, 4096, 4104, "bfloat16", "e4m3")) == []
 
 
 def test_the_autotune_cache_comes_first(engine):
@@ -137,8 +177,8 @@ def test_the_autotune_cache_comes_first(engine):
     cache = _cache.cache(jax_swiglu.__version__)
     assert cache.store(engine["device"].fingerprint, "bfloat16", 8, 4096, 4096,
                        {"launch": PREFILL.key, "us": 25.0, "date": "2026-12-01T00:00:00"})
-    decision = _engine.decide(8, 4096, 4096, "bfloat16", version=jax_swiglu.__version__)
-    assert decision.source == "autotune cache" and decision.config is PREFILL
+    decision = decide(8, version=jax_swiglu.__version__)
+    assert decision.source == "autotune cache" and picked(decision) is PREFILL
     assert "25.0 us" in decision.reason
 
 
@@ -146,12 +186,29 @@ def test_explain_names_the_source(engine, monkeypatch):
     engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
     monkeypatch.setattr(_native, "kernels_available", lambda: True)
     monkeypatch.setattr(selection, "local_gpu_is_sm90", lambda: True)
+    monkeypatch.setattr(_native, "kernel_configs", lambda: CONFIGS)
+    monkeypatch.setattr(_native, "all_configs", lambda: CONFIGS)
+    monkeypatch.setattr(_native, "can_implement", lambda *args, **kwargs: "")
     monkeypatch.setattr(_native, "targets",
-                        lambda: {("interleaved", "silu", "bfloat16"): "t_bf16"})
-    choice = selection.choose(8, 4096, 4096, jnp.bfloat16)
-    text = choice.describe()
-    assert text.startswith("interleaved [t_bf16, config 1: cooperative 16x128x64")
+                        lambda: {("interleaved", "16bit", "silu", "bfloat16"): "t_bf16"})
+    p = problem(8)
+    text = selection.choose(p).describe(p)
+    assert text.startswith("interleaved [t_bf16, config 101: cooperative 16x128x64")
     assert "swap-AB" in text and "(tuning data (measured): measured 20.0 us" in text
+
+
+@requires_kernels
+def test_float16_runs_what_bfloat16_measured():
+    """bfloat16 and float16 run the same tiles at the same rate: a float16 call takes the
+    launch the shipped bfloat16 measurements pick."""
+    for m, n, k, _, _ in MEASURED:
+        bf16 = selection.choose(problem(m, n, k))
+        f16 = selection.choose(problem(m, n, k, "float16"))
+        assert f16.launch == bf16.launch and f16.source == bf16.source == "tuning data (measured)"
+
+
+# The lowering tests' measured points (tests/test_lowering.py).
+from test_lowering import MEASURED  # noqa: E402
 
 
 # --- the cost model --------------------------------------------------------------------------
@@ -185,8 +242,8 @@ def test_split_tail_plan_mirrors_the_kernel():
 def test_decode_is_bound_by_the_weight_stream():
     problem = _model.Problem(1, 14336, 4096)
     floor_us = 1e6 * problem.dram_bytes / 4.9e12
-    assert _model.launch_us(DECODE, 1, problem, 132, 4.9e12) >= floor_us
-    assert _model.xla_us(problem, 132, 4.9e12) >= floor_us
+    assert _model.launch_us(DECODE, 1, problem, 132, 4.9e12, CONSTANTS) >= floor_us
+    assert _model.xla_us(problem, 132, 4.9e12, CONSTANTS) >= floor_us
 
 
 # --- the autotune cache -----------------------------------------------------------------------
@@ -282,9 +339,11 @@ def test_shipped_data_has_provenance(path):
         for field in ("date", "commit", "gpu", "driver", "cuda", "jax", "cutlass", "command"):
             assert calibration.get(field), f"calibration without {field}"
     assert {e.calibration for e in data.entries} <= set(data.calibrations)
-    from jax_swiglu import _shapes
-    held_out = {_shapes.PUBLIC_MLPS[name] for name in _shapes.HELD_OUT}
-    assert not [e for e in data.entries if (e.k, e.n) in held_out or e.m in _shapes.HELD_OUT_M]
+    held_out = {shapes.PUBLIC_MLPS[name] for name in shapes.HELD_OUT}
+    assert not [e for e in data.entries if (e.k, e.n) in held_out or e.m in shapes.HELD_OUT_M]
+    with open(path) as f:
+        model = json.load(f)["model"]
+    assert model["provenance"] and data.constants and data.rule  # the cost model's constants
 
 
 @requires_kernels
@@ -296,7 +355,7 @@ def test_engine_reproduces_the_argmin_of_the_shipped_data(path, monkeypatch, tmp
     device = _device.device_from_dict(data.device, local=False)
     monkeypatch.setattr(_engine, "target_device", lambda: device)
     monkeypatch.setenv(_cache.CACHE_DIR_ENV_VAR, str(tmp_path))
-    compiled = {c.key: c for table in _native.kernel_configs().values() for c in table.values()}
+    compiled = {c.key: c for c in _native.kernel_configs().values()}
     for e in data.entries:
         measured = {launch: us for launch, us in e.launch_us.items()
                     if _data.parse_launch_id(launch)[0] in compiled
@@ -309,11 +368,12 @@ def test_engine_reproduces_the_argmin_of_the_shipped_data(path, monkeypatch, tmp
         if len(finalists) > 1 and best in finalists:
             best = min(finalists, key=finalists.get)
         ours = (e.cupti_us or {}).get(best, measured[best])
-        decision = _engine.decide(e.m, e.n, e.k, e.dtype)
+        p = selection.Problem(e.m, e.n, e.k, e.dtype)
+        decision = _engine.decide(p, selection.candidates(p))
         if e.xla_us and e.xla_us < ours:
-            assert decision.config is None, (e.m, e.n, e.k)
+            assert decision.launch is None, (e.m, e.n, e.k)
         else:
-            got = _data.launch_id(decision.config.key, decision.splits)
+            got = _data.launch_id(decision.launch.row.key, decision.launch.splits)
             assert got == best, (e.m, e.n, e.k, got, best)
 
 
@@ -340,16 +400,15 @@ def test_autotune_needs_a_gpu_and_says_so(capsys):
     assert tune.main(["--shapes", "64x128", "--m", "8"]) == 1
     assert "needs an SM90 GPU" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        tune.main(["--shapes", "not-a-model", "--m", "8"])
-    assert "unknown model 'not-a-model'" in capsys.readouterr().err
+        tune.main(["--shapes", "not-a-shape", "--m", "8"])
+    assert "'not-a-shape' is not KxN" in capsys.readouterr().err
 
 
-GEMV = config(3, kernel="gemv", schedule="cuda-cores", m_side="weights", tile_m=8, tile_n=256,
-              tile_k=8, scheduler="cluster-split-k")
-FEW_TOKENS_GEMV = config(0, kernel="gemv", schedule="cuda-cores", m_side="weights", tile_m=1,
-                         tile_n=256, tile_k=8, scheduler="cluster-split-k")
-MMA_GEMV = config(5, kernel="gemv", schedule="mma-sync", m_side="weights", tile_m=16,
-                  tile_n=128, tile_k=16, scheduler="cluster-split-k")
+GEMV = config(103, family="gemv", schedule="cuda-cores", m_side="weights", tile_m=8,
+              tile_n=256, tile_k=8, scheduler="cluster-split-k", max_m=8)
+FEW_TOKENS_GEMV = config(104, family="gemv", schedule="cuda-cores", m_side="weights", tile_m=1,
+                         tile_n=256, tile_k=8, scheduler="cluster-split-k", max_m=1,
+                         ctas_per_sm=2)
 
 
 def test_stream_k_fixup_is_a_chain():
@@ -361,45 +420,91 @@ def test_stream_k_fixup_is_a_chain():
     assert _model.stream_k_peers(PREFILL, 1, small, 132) == 0
     few, many = (_model.stream_k_peers(DECODE, 1, p, 132) for p in (small, large))
     assert few > many >= 0
-    four, two = (_model.launch_us(DECODE, s, large, 132, 4.8e12) for s in (4, 2))
-    assert four - two >= 2 * _model.STREAM_K_PEER_US * 0.99  # same rounds, two more peers
+    four, two = (_model.launch_us(DECODE, s, large, 132, 4.8e12, CONSTANTS) for s in (4, 2))
+    assert four - two >= 2 * CONSTANTS.stream_k_peer_us * 0.99  # same rounds, two more peers
 
 
-def test_gemv_model_and_candidates():
-    """The gemv kernel runs at most its tokens and splits K over clusters of 1-8 CTAs (each at
-    least one 8-row step). The model streams the weights in waves of the CTAs the SMs hold:
-    where the unsplit CTAs leave SMs idle, a split fills them; where a split's CTAs overflow
-    the resident ones by a few, the extra wave costs more than the split gains; no prediction
+@requires_kernels
+def test_gemv_rows_come_from_the_extension():
+    """The gemv rows run at most their tokens, split K over clusters of 1-8 CTAs (each at
+    least one 8-row step), and hold two CTAs an SM up to 4 tokens: the extension says so."""
+    rows = {row.tile_m: row for row in _native.kernel_configs().values() if row.is_gemv}
+    assert sorted(rows) == [1, 2, 4, 8]
+    for tokens, row in rows.items():
+        assert row.runs(tokens) and not row.runs(tokens + 1) and row.takes_splits
+        assert row.ctas_per_sm == (2 if tokens <= 4 else 1)
+        assert _native.split_choices(row.id, 4096) == (1, 2, 4, 8)
+        assert _native.split_choices(row.id, 16) == (1, 2)
+    stream_k = [row for row in _native.kernel_configs().values() if row.scheduler == "stream-k"]
+    assert all(_native.split_choices(row.id, 4096) == (1, 2, 4) for row in stream_k)
+    assert all(_native.split_choices(row.id, 64) == (1,) for row in stream_k)
+
+
+def test_gemv_model():
+    """The model streams the gemv kernel's weights in waves of the CTAs the SMs hold: where
+    the unsplit CTAs leave SMs idle, a split fills them; where a split's CTAs overflow the
+    resident ones by a few, the extra wave costs more than the split gains; no prediction
     beats the DRAM stream."""
-    assert GEMV.runs(8) and not GEMV.runs(9) and GEMV.splits_k
-    assert GEMV.split_choices(4096) == (1, 2, 4, 8) and GEMV.split_choices(16) == (1, 2)
-    assert GEMV.ctas_per_sm == 1 and FEW_TOKENS_GEMV.ctas_per_sm == 2 and DECODE.ctas_per_sm == 1
-
     def times(config, m, n, k):
-        return {s: _model.launch_us(config, s, _model.Problem(m, n, k), 132, 4.8e12)
-                for s in config.split_choices(k)}
+        return {s: _model.launch_us(config, s, _model.Problem(m, n, k), 132, 4.8e12, CONSTANTS)
+                for s in (1, 2, 4, 8)}
 
     small = times(FEW_TOKENS_GEMV, 1, 3072, 1024)  # 24 CTAs unsplit
     assert min(small, key=small.get) > 1
     wide = times(FEW_TOKENS_GEMV, 1, 17408, 5120)  # 136 CTAs: 272 split in two, on 264 slots
     assert wide[1] < wide[2]
-    for t, problem in ((small, _model.Problem(1, 3072, 1024)),
-                       (wide, _model.Problem(1, 17408, 5120))):
-        assert min(t.values()) >= 1e6 * problem.dram_bytes / 4.8e12
+    for t, shape in ((small, _model.Problem(1, 3072, 1024)),
+                     (wide, _model.Problem(1, 17408, 5120))):
+        assert min(t.values()) >= 1e6 * shape.dram_bytes / 4.8e12
     # More tokens, more FMAs: at M = 8 the FMA issue can bound a small-K call.
-    assert (_model.launch_us(GEMV, 4, _model.Problem(8, 11008, 4096), 132, 4.8e12)
-            >= _model.launch_us(GEMV, 4, _model.Problem(1, 11008, 4096), 132, 4.8e12))
+    assert (_model.launch_us(GEMV, 4, _model.Problem(8, 11008, 4096), 132, 4.8e12, CONSTANTS)
+            >= _model.launch_us(GEMV, 4, _model.Problem(1, 11008, 4096), 132, 4.8e12, CONSTANTS))
 
 
-def test_mma_gemv_rows():
-    """The gemv kernel's mma.sync form: any M up to its token tiles, 16-row steps (a partial
-    last one counts), two CTAs an SM, and no FMA bound: its predicted time grows with the
-    tokens only by their bytes."""
-    assert MMA_GEMV.is_gemv and GEMV.is_gemv and not DECODE.is_gemv
-    assert MMA_GEMV.runs(1) and MMA_GEMV.runs(16) and not MMA_GEMV.runs(17)
-    assert MMA_GEMV.split_choices(24) == (1, 2) and MMA_GEMV.split_choices(8) == (1,)
-    assert MMA_GEMV.ctas_per_sm == 2
-    assert "mma.sync" in MMA_GEMV.describe() and "CUDA cores" in GEMV.describe()
-    one, sixteen = (_model.launch_us(MMA_GEMV, 2, _model.Problem(m, 11008, 4096), 132, 4.8e12)
-                    for m in (1, 16))
-    assert one < sixteen < one * 1.01
+# --- the fp8 rule ------------------------------------------------------------------------------
+
+FP8_RULE = MODEL["heuristics"]["e4m3"]
+
+
+def _fp8_rows():
+    return [row for row in _native.kernel_configs().values() if row.operands == "e4m3"]
+
+
+def _fp8_row(**fields):
+    [row] = [row for row in _fp8_rows() if not row.optional
+             and all(getattr(row, k) == v for k, v in fields.items())]
+    return row
+
+
+@requires_kernels
+def test_fp8_rule_follows_tokens_waves_and_the_sm_count():
+    """Up to 16 tokens the 16-token swap-AB tile, up to 64 the 64-token one; then 128 x 128
+    tiles, persistent on 2x1 clusters where the last wave is full (or there are many waves),
+    stream-K where a few waves end ragged, as the SM count makes them."""
+    rows = _fp8_rows()
+    swap16, swap64 = _fp8_row(m_side="weights", tile_m=16), _fp8_row(m_side="weights", tile_m=64)
+    persistent = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
+    stream_k = _fp8_row(m_side="tokens", scheduler="stream-k")
+    rule = lambda m, sms: _heuristic.waves_rule(m, 4096, sms, rows, FP8_RULE)[0]  # noqa: E731
+    assert [rule(m, 132) for m in (1, 5, 16)] == [swap16] * 3
+    assert [rule(m, 132) for m in (17, 40, 64)] == [swap64] * 3
+    # 256 tokens: 2 x 64 = 128 tiles, 0.97 of a wave; 384: 192 tiles, a 45 % last wave.
+    assert rule(256, 132) == persistent and rule(384, 132) == stream_k
+    assert rule(8192, 132) == persistent  # 64 x 64 = 4096 tiles: many waves
+    assert rule(384, 114) == stream_k and rule(1792, 114) == persistent
+
+
+@requires_kernels
+def test_fp8_calls_follow_the_rule_without_fp8_data():
+    """No fp8 tuning data ships: the engine's heuristic step decides every fp8 call, among
+    the rows every build compiles (N = 4096: 64 columns of 128 x 128 tiles)."""
+    swap16, swap64 = _fp8_row(m_side="weights", tile_m=16), _fp8_row(m_side="weights", tile_m=64)
+    persistent = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
+    stream_k = _fp8_row(m_side="tokens", scheduler="stream-k")
+    expected = {1: swap16, 16: swap16, 64: swap64,
+                300: stream_k,     # 3 x 64 tiles: 1.45 waves, the last 45 % full
+                2048: persistent,  # 16 x 64 tiles: 7.8 waves
+                8192: persistent}
+    for m, row in expected.items():
+        choice = selection.choose(selection.Problem(m, 4096, 4096, "bfloat16", "e4m3"))
+        assert choice.launch == _launch.Launch(row.id) and choice.source == "heuristic", m

@@ -67,7 +67,7 @@ AXIS_SIZES = {"data": 2, "model": 4}
     ],
 )
 def test_split(x_spec, packed_spec, expected):
-    plan = _primitive.split(x_spec, packed_spec, AXIS_SIZES, 1024)
+    plan = _primitive.split("packed", [x_spec, packed_spec], AXIS_SIZES, 1024)
     assert (plan.m_axes, plan.n_axes, plan.local_n) == expected
     x_out, packed_out = plan.operand_specs()
     assert x_out[1] is None and packed_out[0] is None  # K is replicated

@@ -1,13 +1,17 @@
 """The tuning timer's bookkeeping on the CPU (the native launches faked): interleaved rounds,
 medians, failures and wrong outputs reported, never chosen."""
 
+import jax
 import jax.numpy as jnp
 import pytest
 
-from jax_swiglu import _native, _tuning
+from jax_swiglu import _launch, _native, selection
 from jax_swiglu.selection import _device
+from jax_swiglu.tuning import measure
 
-from test_selection import BANDED, DECODE, PREFILL
+from test_selection import BANDED, CONFIGS, DECODE, PREFILL
+
+PROBLEM = selection.Problem(8, 128, 64, "bfloat16")
 
 
 @pytest.fixture
@@ -15,7 +19,7 @@ def fake_native(monkeypatch):
     calls = []
     times = {PREFILL.id: [5.0, 7.0, 6.0], DECODE.id: [3.0, 2.0, 4.0]}
 
-    def time_launches(kernel, dtype, config, *, samples, **kwargs):
+    def time_launches(config, dtype, *, samples, **kwargs):
         calls.append(config)
         if config == BANDED.id:
             raise RuntimeError("config 2 runs M in 2 bands")
@@ -24,16 +28,20 @@ def fake_native(monkeypatch):
 
     monkeypatch.setattr(_native, "time_launches", time_launches)
     monkeypatch.setattr(_native, "workspace_bytes", lambda *a, **k: 0)
-    monkeypatch.setattr(_tuning, "_output_stats", lambda out: (0, 1.0))
+    monkeypatch.setattr(_native, "all_configs", lambda: CONFIGS)
+    monkeypatch.setattr(measure, "_output_stats", lambda out: (0, 1.0))
     return calls
+
+
+def _inputs():
+    return measure.make_inputs(jax.random.key(0), PROBLEM, 1)
 
 
 def test_rounds_interleave_the_launches(fake_native):
     device = _device.Device("NVIDIA H200", 90, 132, 4.9e12, local=False)
-    weights = [jnp.zeros((64, 256), jnp.bfloat16)]
-    results = _tuning.time_launches(8, 128, 64, jnp.bfloat16,
-                                    [(PREFILL, 1), (DECODE, 1), (BANDED, 1)], samples=3,
-                                    device=device, weights=weights)
+    launches = [_launch.Launch(c.id) for c in (PREFILL, DECODE, BANDED)]
+    results = measure.time_launches(PROBLEM, launches, samples=3, device=device,
+                                    inputs=_inputs())
     # Every round times every launch once (the failed one only until it fails).
     assert fake_native[:3] == [PREFILL.id, DECODE.id, BANDED.id]
     assert sorted(fake_native[3:5]) == sorted(fake_native[5:7]) == [PREFILL.id, DECODE.id]
@@ -43,9 +51,8 @@ def test_rounds_interleave_the_launches(fake_native):
 
 def test_a_launch_with_wrong_outputs_is_flagged(monkeypatch, fake_native):
     magnitudes = iter([1.0, 1.5])  # PREFILL's output, then DECODE's: 50 % apart
-    monkeypatch.setattr(_tuning, "_output_stats", lambda out: (0, next(magnitudes, 1.0)))
-    results = _tuning.time_launches(
-        8, 128, 64, jnp.bfloat16, [(PREFILL, 1), (DECODE, 1), (PREFILL, 1)], samples=1,
-        device=_device.Device("x", 90, 132, 4.9e12, local=False),
-        weights=[jnp.zeros((64, 256), jnp.bfloat16)])
+    monkeypatch.setattr(measure, "_output_stats", lambda out: (0, next(magnitudes, 1.0)))
+    results = measure.time_launches(
+        PROBLEM, [_launch.Launch(PREFILL.id), _launch.Launch(DECODE.id)], samples=1,
+        device=_device.Device("x", 90, 132, 4.9e12, local=False), inputs=_inputs())
     assert any("mean |output|" in (r["error"] or "") for r in results.values())

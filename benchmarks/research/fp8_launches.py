@@ -2,10 +2,8 @@
 
     python -m benchmarks.research.fp8_launches --models qwen2.5-7b qwen2.5-72b --m 1 2048
 
-For each (model, M) it compiles one function per launch, ``JAX_SWIGLU_CONFIG`` set while
-that function is lowered ("<config>,promotion=<p>"; for the gemv rows, which promote after
-every mma, "<config>,splits=<s>" at each cluster size, where M fits their tokens), on x
-already in fp8 (the kernel alone),
+For each (model, M) it compiles one function per launch, forced with
+``swiglu(..., launch="<config>,promotion=<p>")``, on x already in fp8 (the kernel alone),
 and times them in interleaved rounds with CUPTI (benchmarks/bench_swiglu.py's
 measure_side_by_side) beside XLA's fp8 GEMM baseline and the bf16 kernel's auto. It also
 counts mismatches of every launch against the fp8 spec, so a promotion interval that costs
@@ -17,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 
 import jax
@@ -25,26 +22,22 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_swiglu
-from jax_swiglu import _reference, _shapes, selection
-from jax_swiglu.selection import _fp8
+from jax_swiglu import _reference
 
 from ..bench_swiglu import measure_side_by_side
+from ..shapes import mlp_shape
+
+PROMOTIONS = (2, 4, 8, 16)  # wgmma between promotions: whole k tiles of each row
 
 
-def _compiled(fn, args, forced):
-    previous = os.environ.get(selection.CONFIG_ENV_VAR)
-    os.environ[selection.CONFIG_ENV_VAR] = forced
-    try:
-        lowered = jax.jit(fn).lower(*args)
-        config = forced.split(",")[0]
-        if not re.search(rf"\bconfig = {config} : i64", lowered.as_text()):
-            raise RuntimeError(f"{selection.CONFIG_ENV_VAR}={forced} did not reach the lowering")
-        return lowered.compile()
-    finally:
-        if previous is None:
-            os.environ.pop(selection.CONFIG_ENV_VAR)
-        else:
-            os.environ[selection.CONFIG_ENV_VAR] = previous
+def _compiled(args, launch):
+    """One fused fp8 launch, compiled, after checking that its lowering runs that launch."""
+    lowered = jax.jit(lambda x_q, s, q: jax_swiglu.swiglu(x_q, q, x_scale=s,
+                                                          launch=launch)).lower(*args)
+    config = launch.split(",")[0]
+    if not re.search(rf"\bconfig = {config} : i64", lowered.as_text()):
+        raise RuntimeError(f"launch={launch} did not reach the lowering")
+    return lowered.compile()
 
 
 def main(argv=None):
@@ -52,15 +45,15 @@ def main(argv=None):
     parser.add_argument("--models", nargs="*", default=["qwen2.5-7b", "qwen2.5-72b"])
     parser.add_argument("--m", nargs="*", type=int, default=[2048, 8192])
     parser.add_argument("--configs", nargs="*", type=int, default=None)
-    parser.add_argument("--promotions", nargs="*", type=int, default=list(_fp8.PROMOTIONS))
+    parser.add_argument("--promotions", nargs="*", type=int, default=list(PROMOTIONS))
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--out", default="fp8_launches.json")
     args = parser.parse_args(argv)
-    table = jax_swiglu._native.fp8_configs()
+    table = {i: row for i, row in jax_swiglu.kernel_configs().items() if row.operands == "e4m3"}
     configs = args.configs if args.configs is not None else sorted(table)
     rows = []
     for model in args.models:
-        k, n = _shapes.mlp_shape(model)
+        k, n = mlp_shape(model)
         key = jax.random.key(0)
         kx, kg, ku = jax.random.split(key, 3)
         w_gate = (jax.random.normal(kg, (k, n)) / math.sqrt(k)).astype(jnp.bfloat16)
@@ -72,21 +65,12 @@ def main(argv=None):
             x_q, x_scale = jax_swiglu.quantize_tokens(x)
             fp8_args = (x_q, x_scale, q)
             fns = {}
-            def fused():  # a new function per launch: jit caches a function's lowering
-                return lambda x_q, s, q: jax_swiglu.swiglu(x_q, q, x_scale=s)
             for config in configs:
-                c = table[config]
-                if c.is_gemv:
-                    if c.runs(m):
-                        for splits in c.split_choices(k):
-                            fns[f"c{config}s{splits}"] = _compiled(fused(), fp8_args,
-                                                                   f"{config},splits={splits}")
-                    continue
                 for promotion in args.promotions:
-                    if promotion % _fp8.tile_promotion(c):
+                    if promotion % (table[config].tile_k // 32):
                         continue  # not a whole number of this config's k tiles
-                    fns[f"c{config}p{promotion}"] = _compiled(fused(), fp8_args,
-                                                              f"{config},promotion={promotion}")
+                    fns[f"c{config}p{promotion}"] = _compiled(
+                        fp8_args, f"{config},promotion={promotion}")
             fns["xla_fp8"] = jax.jit(
                 lambda x_q, s, q: _reference.swiglu_xla_quantized(x_q, q, x_scale=s))
             bf16 = jax.jit(lambda x, p: jax_swiglu.swiglu(x, p))

@@ -1,21 +1,28 @@
 // The interleaved fused SwiGLU kernel: one GEMM over the packed gate/up matrix.
 //
 // One CUTLASS SM90 TMA warp-specialized GEMM assembled from parts: the CollectiveBuilder's
-// TMA + wgmma mainloop, one of our SwiGLU epilogues, and a tile scheduler. A config row
-// (kernel_configs.h) picks the parts. Two forms:
+// TMA + wgmma mainloop (for e4m3 operands CUTLASS's fp8 mainloop, which promotes the tensor
+// cores' accumulators into fp32 ones), one of our SwiGLU epilogues, and a tile scheduler. A
+// row of the config table (kernel_configs.h) picks the parts; one assembly serves 16-bit and
+// e4m3 operands, each in two forms:
 //  - tokens on the wgmma M side (the prefill form): the GEMM is [M, 2N, K], x is A and the
 //    packed weights B; each tile covers tile_n packed columns = tile_n / 2 output columns,
 //    and SwiGluEpilogue pairs gate and up in registers. Edge tiles' x loads stay inside x
-//    (edge_tiles.cuh), and the split-tail and banded schedulers are ours.
+//    (mainloop/edge_tiles.cuh), and the split-tail and banded schedulers are ours.
 //  - weights on the wgmma M side (swap-AB, the decode form): the GEMM is [2N, M, K] with the
-//    packed weights as A (their packed columns contiguous, an MN-major operand) and x as B;
-//    SwapAbSwiGluEpilogue pairs gate and up through shared memory.
+//    packed weights as A and x as B; SwapAbSwiGluEpilogue pairs gate and up through shared
+//    memory.
+// x is K-contiguous ([M, K]). The 16-bit packed weights are packed-column-contiguous
+// ([K, 2N]); the e4m3 ones K-contiguous ([2N, K]), as SM90's fp8 wgmma reads both operands
+// K-major. The fp8 epilogues multiply each accumulator by its token's and its packed
+// column's scale before the activation (epilogue/scales.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
+#include <cutlass/float8.h>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
@@ -25,12 +32,16 @@
 
 #include "../kernel_configs.h"
 #include "../launch.h"
-#include "edge_tiles.cuh"
+#include "epilogue/direct_store.cuh"
+#include "epilogue/pairs.cuh"
+#include "epilogue/scales.cuh"
+#include "epilogue/swap_ab_epilogue.cuh"
+#include "epilogue/swiglu_epilogue.cuh"
+#include "epilogue/tma_store.cuh"
 #include "launch_gemm.cuh"
-#include "m_bands.cuh"
-#include "split_tail.cuh"
-#include "swap_ab_epilogue.cuh"
-#include "swiglu_epilogue.cuh"
+#include "mainloop/edge_tiles.cuh"
+#include "schedulers/m_bands.cuh"
+#include "schedulers/split_tail.cuh"
 
 namespace jax_swiglu {
 
@@ -64,6 +75,14 @@ struct TileSchedulerFor<TileScheduler::SplitTail, 1> {
   using type = SplitTailPersistentScheduler;
 };
 
+// The output path of a tokens-on-M row: `kStore`'s part (epilogue/*_store.cuh).
+template <OutputStore kStore, class ElementD, int kTileM, int kTilePacked, class Pairs,
+          bool kHalfUnits>
+using StoreFor =
+    cute::conditional_t<kStore == OutputStore::DirectStore,
+                        DirectStore<ElementD, kTileM, kTilePacked, Pairs, kHalfUnits>,
+                        TmaStore<ElementD, kTileM, kTilePacked, Pairs>>;
+
 // The CollectiveBuilder's TMA + wgmma mainloop on `TileShape`, A and B of `Element` in these
 // layouts, fp32 accumulators (for fp8 elements CUTLASS's fp8 mainloop, which promotes them),
 // on clusters of kClusterM x kClusterN CTAs, leaving kCarveoutBytes of shared memory free
@@ -77,38 +96,53 @@ using CollectiveMainloopFor = typename cutlass::gemm::collective::CollectiveBuil
     cutlass::gemm::collective::StageCountAutoCarveout<kCarveoutBytes>,
     typename KernelScheduleFor<kSchedule>::type>::CollectiveOp;
 
-// That mainloop for interleaved config `ConfigId` beside `Epilogue`.
-template <int ConfigId, class Element, class TileShape, class LayoutA, class LayoutB,
-          class Epilogue>
-using BuiltMainloop =
-    CollectiveMainloopFor<Element, TileShape, LayoutA, LayoutB,
-                          kInterleavedConfigs[ConfigId].cluster_m,
-                          kInterleavedConfigs[ConfigId].cluster_n,
-                          kInterleavedConfigs[ConfigId].schedule, Epilogue::kSharedBytes>;
-
-// Tokens on the wgmma M side: A = x [M, K] (K contiguous), B = packed [K, 2N] (packed
-// columns contiguous).
+// Row `ConfigId` of the interleaved family, with output `ElementTag` (and operands of that
+// type, or e4m3) and the gate's activation.
 template <int ConfigId, class ElementTag, Activation kActivation>
-struct TokensOnMAssembly {
-  static constexpr KernelConfig kConfig = kInterleavedConfigs[ConfigId];
-  using Element = typename CutlassElement<ElementTag>::type;
-  using TileShape = cute::Shape<cute::Int<kConfig.tile_m>, cute::Int<kConfig.tile_n>,
-                                cute::Int<kConfig.tile_k>>;
+struct InterleavedAssembly {
+  static constexpr KernelConfig kConfig = kConfigs[ConfigId];
+  static_assert(kConfig.family == Family::Interleaved, "a row of the interleaved kernel");
+  static constexpr bool kFp8 = kConfig.operands == Operands::Fp8E4m3;
+  static constexpr bool kSwapAb = kConfig.m_side == MmaMSide::Weights;
+  using ElementD = typename CutlassElement<ElementTag>::type;
+  using Element = cute::conditional_t<kFp8, cutlass::float_e4m3_t, ElementD>;
+
+  // CUTLASS's (M, N, K) tile: swap-AB puts the packed columns on M.
+  using TileShape =
+      cute::conditional_t<kSwapAb,
+                          cute::Shape<cute::Int<kConfig.tile_n>, cute::Int<kConfig.tile_m>,
+                                      cute::Int<kConfig.tile_k>>,
+                          cute::Shape<cute::Int<kConfig.tile_m>, cute::Int<kConfig.tile_n>,
+                                      cute::Int<kConfig.tile_k>>>;
+  // CUTLASS's layouts of A (M x K) and B (N x K): RowMajor A and ColumnMajor B are
+  // K-contiguous. x always is; the 16-bit weights are packed-column-contiguous.
+  using XLayoutAsA = cutlass::layout::RowMajor;
+  using XLayoutAsB = cutlass::layout::ColumnMajor;
+  using WeightsLayoutAsB =
+      cute::conditional_t<kFp8, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  using WeightsLayoutAsA =
+      cute::conditional_t<kFp8, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
+  using LayoutA = cute::conditional_t<kSwapAb, WeightsLayoutAsA, XLayoutAsA>;
+  using LayoutB = cute::conditional_t<kSwapAb, XLayoutAsB, WeightsLayoutAsB>;
+
   // A split last round (split_tail.cuh): half tiles, whose rows only the direct store skips.
   static constexpr bool kSplitTail = kConfig.scheduler == TileScheduler::SplitTail;
   // The sigmoid's reciprocal: alternating Newton and MUFU for the cooperative schedule,
-  // MUFU's for pingpong (swiglu_epilogue.cuh, Sigmoid).
-  using Epilogue = SwiGluEpilogue<
-      Element, TileShape,
-      InterleavedPairs<kConfig.schedule == Schedule::Cooperative, kActivation>, kConfig.store,
-      kSplitTail>;
-  using Built = BuiltMainloop<ConfigId, Element, TileShape,
-                              cutlass::layout::RowMajor, cutlass::layout::RowMajor, Epilogue>;
-  // With the direct store, edge tiles' x loads are kept inside x (edge_tiles.cuh).
-  using EdgeMainloop =
-      cute::conditional_t<Epilogue::kShiftedRows, EdgeTileMainloop<Built>, Built>;
-  static_assert(!kSplitTail || (kConfig.schedule == Schedule::Pingpong && Epilogue::kDirect),
-                "a split tail needs the pingpong schedule and the direct store");
+  // MUFU's for pingpong (activations.cuh, Sigmoid).
+  using Pairs = InterleavedPairs<kConfig.schedule == Schedule::Cooperative, kActivation>;
+  using Store = StoreFor<kConfig.store, ElementD, kConfig.tile_m, kConfig.tile_n, Pairs,
+                         kSplitTail>;
+  using Scales = cute::conditional_t<
+      kFp8, TokenAndColumnScales<kConfig.tile_m, kConfig.tile_n, Store::kShiftedRows>, NoScales>;
+  using Epilogue = cute::conditional_t<
+      kSwapAb, SwapAbSwiGluEpilogue<ElementD, TileShape, kActivation, kFp8>,
+      SwiGluEpilogue<ElementD, TileShape, Pairs, Store, Scales>>;
+
+  using Built = CollectiveMainloopFor<Element, TileShape, LayoutA, LayoutB, kConfig.cluster_m,
+                                      kConfig.cluster_n, kConfig.schedule, Epilogue::kSharedBytes>;
+  // Tokens on M with the direct store: edge tiles' x loads are kept inside x (edge_tiles.cuh).
+  static constexpr bool kShiftedRows = !kSwapAb && Store::kShiftedRows;
+  using EdgeMainloop = cute::conditional_t<kShiftedRows, EdgeTileMainloop<Built>, Built>;
   using Mainloop = cute::conditional_t<kSplitTail, SplitTailMainloop<EdgeMainloop>, EdgeMainloop>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<
       cute::Shape<int, int, int, int>, Mainloop, Epilogue,
@@ -116,86 +150,57 @@ struct TokensOnMAssembly {
 
   static typename Kernel::Arguments Arguments(const SwigluProblem& p, const DeviceFacts& facts) {
     // Strides in CuTe's (rows, contraction, batch) order: A is (M, K, L), B is (N, K, L).
-    typename Kernel::StrideA stride_a = cute::make_stride(p.k, cute::_1{}, int64_t(0));
-    typename Kernel::StrideB stride_b = cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
-    return GemmArguments<Kernel>(
-        {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed), static_cast<int>(p.k), 1},
-        {static_cast<Element const*>(p.x), stride_a, static_cast<Element const*>(p.packed),
-         stride_b},
-        p, facts);
+    const auto x_stride = cute::make_stride(p.k, cute::_1{}, int64_t(0));
+    auto weights_stride = [&] {
+      if constexpr (kFp8) {
+        return cute::make_stride(p.k, cute::_1{}, int64_t(0));
+      } else {
+        return cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
+      }
+    }();
+    const auto* x = static_cast<Element const*>(p.x);
+    const auto* weights = static_cast<Element const*>(p.packed);
+    const int packed = static_cast<int>(2 * p.n_packed), m = static_cast<int>(p.m),
+              k = static_cast<int>(p.k);
+    typename Kernel::ProblemShape shape =
+        kSwapAb ? typename Kernel::ProblemShape{packed, m, k, 1}
+                : typename Kernel::ProblemShape{m, packed, k, 1};
+    typename Kernel::StrideA stride_a;
+    typename Kernel::StrideB stride_b;
+    Element const* a;
+    Element const* b;
+    if constexpr (kSwapAb) {
+      a = weights, stride_a = weights_stride, b = x, stride_b = x_stride;
+    } else {
+      a = x, stride_a = x_stride, b = weights, stride_b = weights_stride;
+    }
+    if constexpr (kFp8) {
+      return GemmArguments<Kernel>(
+          shape, {a, stride_a, b, stride_b, static_cast<uint32_t>(p.fp8_promotion)}, p, facts);
+    } else {
+      return GemmArguments<Kernel>(shape, {a, stride_a, b, stride_b}, p, facts);
+    }
   }
 };
-
-// Weights on the wgmma M side (swap-AB): A = packed^T [2N, K] (packed columns contiguous:
-// CUTLASS's column-major A), B = x as [M, K] (K contiguous: column-major B).
-template <int ConfigId, class ElementTag, Activation kActivation>
-struct WeightsOnMAssembly {
-  static constexpr KernelConfig kConfig = kInterleavedConfigs[ConfigId];
-  using Element = typename CutlassElement<ElementTag>::type;
-  using TileShape = cute::Shape<cute::Int<kConfig.tile_n>, cute::Int<kConfig.tile_m>,
-                                cute::Int<kConfig.tile_k>>;
-  using Epilogue = SwapAbSwiGluEpilogue<Element, TileShape, kActivation>;
-  using Mainloop = BuiltMainloop<ConfigId, Element, TileShape,
-                                 cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor,
-                                 Epilogue>;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<
-      cute::Shape<int, int, int, int>, Mainloop, Epilogue,
-      typename TileSchedulerFor<kConfig.scheduler, kConfig.m_bands>::type>;
-
-  static typename Kernel::Arguments Arguments(const SwigluProblem& p, const DeviceFacts& facts) {
-    typename Kernel::StrideA stride_a = cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
-    typename Kernel::StrideB stride_b = cute::make_stride(p.k, cute::_1{}, int64_t(0));
-    return GemmArguments<Kernel>(
-        {static_cast<int>(2 * p.n_packed), static_cast<int>(p.m), static_cast<int>(p.k), 1},
-        {static_cast<Element const*>(p.packed), stride_a, static_cast<Element const*>(p.x),
-         stride_b},
-        p, facts);
-  }
-};
-
-template <int ConfigId, class ElementTag, Activation kActivation>
-using InterleavedKernel =
-    cute::conditional_t<kInterleavedConfigs[ConfigId].m_side == MmaMSide::Weights,
-                        WeightsOnMAssembly<ConfigId, ElementTag, kActivation>,
-                        TokensOnMAssembly<ConfigId, ElementTag, kActivation>>;
-
-// Why `p` cannot run on config `ConfigId`, or "" if it can.
-template <int ConfigId>
-std::string InterleavedLaunchError(const SwigluProblem& p) {
-  constexpr KernelConfig config = kInterleavedConfigs[ConfigId];
-  const std::string name = "interleaved config " + std::to_string(ConfigId);
-  if (config.scheduler == TileScheduler::SplitTail && p.swizzle > 1) {
-    // The mainloop plans the split on tiles padded to whole clusters, not to swizzle groups.
-    return name + " splits its last round and takes no swizzle (got " +
-           std::to_string(p.swizzle) + ")";
-  }
-  if (config.m_bands > 1 && p.m % (config.m_bands * config.tile_m * config.cluster_m) != 0) {
-    // The bands are whole clusters of tiles (m_bands.cuh).
-    return name + " runs M in " + std::to_string(config.m_bands) +
-           " bands and needs M to be a multiple of " +
-           std::to_string(config.m_bands * config.tile_m * config.cluster_m) + " (got " +
-           std::to_string(p.m) + ")";
-  }
-  if (p.splits > 1 && config.scheduler != TileScheduler::StreamK) {
-    return name + " has no split-K (got splits=" + std::to_string(p.splits) + ")";
-  }
-  return {};
-}
 
 template <int ConfigId, class ElementTag, Activation kActivation>
 std::string LaunchInterleaved(const SwigluProblem& p, const DeviceFacts& facts,
                               cudaStream_t stream) {
-  using Assembly = InterleavedKernel<ConfigId, ElementTag, kActivation>;
-  constexpr KernelConfig config = kInterleavedConfigs[ConfigId];
-  if (std::string err = InterleavedLaunchError<ConfigId>(p); !err.empty()) return err;
+  using Assembly = InterleavedAssembly<ConfigId, ElementTag, kActivation>;
+  constexpr KernelConfig config = kConfigs[ConfigId];
+  // (The shapes and launch attributes: CannotRun, before this.)
+  if (Assembly::kFp8 && (p.x_scale == nullptr || p.w_scale == nullptr)) {
+    return "the fp8 kernel was called without scales";
+  }
   return LaunchGemm<typename Assembly::Kernel>(Assembly::Arguments(p, facts), p, facts,
                                                dim3(config.cluster_m, config.cluster_n, 1),
-                                               stream, "interleaved");
+                                               stream, Assembly::kFp8 ? "fp8 interleaved"
+                                                                      : "interleaved");
 }
 
 template <int ConfigId, class ElementTag, Activation kActivation>
 size_t InterleavedWorkspaceBytes(const SwigluProblem& p, const DeviceFacts& facts) {
-  using Assembly = InterleavedKernel<ConfigId, ElementTag, kActivation>;
+  using Assembly = InterleavedAssembly<ConfigId, ElementTag, kActivation>;
   return Assembly::Kernel::get_workspace_size(Assembly::Arguments(p, facts));
 }
 

@@ -1,10 +1,12 @@
-"""Kernel selection: which implementation (and launch) runs a call of a given static shape.
+"""Kernel selection: which launch (or the XLA path) runs a call of a given static shape.
 
-``choose`` is what the lowering calls. The ``kernel=`` argument and the ``JAX_SWIGLU_KERNEL``
-environment variable come first; then the checks that force the XLA path (no extension, a
-non-CUDA platform, a non-SM90 GPU); then, for ``"auto"`` (or a forced kernel family, among
-its own configs), the engine (_engine.py): autotune cache, shipped tuning data, learned rule,
-analytic heuristic, XLA. ``JAX_SWIGLU_CONFIG`` forces one launch, for experiments.
+``choose`` is what the primitive's partitioning step calls with each device's local shapes
+(and ``explain`` with the shapes it is given). A forced ``launch`` wins; then ``kernel``
+(the argument, or ``JAX_SWIGLU_KERNEL``, which the public functions resolve at trace time);
+then the checks that force the XLA path (no extension, a non-CUDA platform, a non-SM90
+GPU); then the engine (_engine.py) over the candidates: the compiled rows of the call's
+operands (16-bit or e4m3) that can run it, of one family if ``kernel`` names one, and the
+XLA path.
 """
 
 from __future__ import annotations
@@ -15,70 +17,80 @@ import os
 import warnings
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 
-from .. import _native
+from .. import _launch, _native
+from .._version import __version__
 from . import _device, _engine
 
-# Public names of the implementations. "xla" is the plain XLA reference path.
-KERNELS = ("interleaved", "pingpong", "gemv", "xla")
-KERNEL_CHOICES = ("auto",) + KERNELS
+# Public names of the implementations: the kernel families and the plain XLA path. The
+# gate-then-up kernel is also called "pingpong" (the paper's name for its Kernel-1).
+KERNELS = ("interleaved", "gate_then_up", "gemv", "xla")
+ALIASES = {"pingpong": "gate_then_up"}
+KERNEL_CHOICES = ("auto",) + KERNELS + tuple(ALIASES)
 ENV_VAR = "JAX_SWIGLU_KERNEL"
-# Forces the launch of the fused kernel chosen, as "<config id>" (an id of kernel_configs()),
-# optionally followed by ",swizzle=<1|2|4|8>", ",raster=<heuristic|m|n>" (the persistent
-# scheduler's tile order) and ",splits=<n>" (a stream-K config's split-K factor). The
-# calibration uses it through JAX; not meant for production.
-CONFIG_ENV_VAR = "JAX_SWIGLU_CONFIG"
-RASTER_ORDERS = {"heuristic": 0, "m": 1, "n": 2}  # FFI attribute values
-SWIZZLES = (1, 2, 4, 8)
-MAX_SPLITS = 16  # as the FFI handler accepts
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One call on one device: ``[m, k] x [k, 2n]`` with ``operands`` ("16bit": x and the
+    weights in ``dtype``; "e4m3": both in fp8 with fp32 scales), output ``dtype``."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str  # the output's: "bfloat16" or "float16"
+    operands: str = "16bit"
+    activation: str = "silu"
+
+    @property
+    def data_dtype(self) -> str:
+        """How tuning data and the autotune cache name the problem's operands. bfloat16 and
+        float16 run the same tiles at the same tensor-core rate and bytes, so they share one
+        set of measurements."""
+        return "bfloat16" if self.operands == "16bit" else "float8_e4m3fn"
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """What the lowering emits for one call."""
+    """What a call runs: a launch, or the XLA path (``launch`` None), and why."""
 
-    kernel: str  # one of KERNELS
-    config: _native.KernelConfig | None  # None for "xla"
-    target: str | None  # FFI target name, None for "xla"
+    launch: _launch.Launch | None
     reason: str
     source: str = ""  # which step of the selection decided
-    swizzle: int = 1
-    raster: str = "heuristic"
-    splits: int = 1
 
-    def ffi_attributes(self) -> dict:
-        """The custom call's attributes (exactly typed, as the FFI handler binds them)."""
-        return {"config": np.int64(self.config.id), "swizzle": np.int64(self.swizzle),
-                "raster": np.int64(RASTER_ORDERS[self.raster]),
-                "splits": np.int64(self.splits)}
-
-    def describe(self) -> str:
+    def describe(self, problem: Problem | None = None) -> str:
         by = f"{self.source}: " if self.source else ""
-        if self.config is None:
-            return f"xla ({by}{self.reason})"
-        order = ""
-        if self.swizzle != 1 or self.raster != "heuristic":
-            order = f", swizzle {self.swizzle} raster {self.raster}"
-        splits = f", split-K {self.splits}" if self.splits > 1 else ""
-        return (f"{self.kernel} [{self.target}, config {self.config.id}: "
-                f"{self.config.describe()}{splits}{order}] ({by}{self.reason})")
+        if self.launch is None:
+            fp8 = problem is not None and problem.operands != "16bit"
+            return f"xla{' on the dequantized inputs' if fp8 else ''} ({by}{self.reason})"
+        target = (f"{self.launch.target(problem.activation, problem.dtype)}, "
+                  if problem is not None else "")
+        return f"{self.launch.family} [{target}{self.launch.describe()}] ({by}{self.reason})"
+
+
+def canonical_kernel(kernel: str) -> str:
+    """The family name of a ``kernel=`` value (aliases resolved), or a ValueError."""
+    if kernel not in KERNEL_CHOICES:
+        raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {kernel!r}")
+    return ALIASES.get(kernel, kernel)
 
 
 def check_kernel_name(kernel: str) -> None:
-    if kernel not in KERNEL_CHOICES:
-        raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {kernel!r}")
+    """A ValueError unless ``kernel`` is a ``kernel=`` value (KERNEL_CHOICES)."""
+    canonical_kernel(kernel)
 
 
-def requested_kernel(kernel: str) -> tuple[str, str]:
-    """The kernel asked for, and by whom: the argument wins, then the environment."""
-    check_kernel_name(kernel)
+def requested_kernel(kernel: str) -> str:
+    """The kernel asked for: the argument, or where it is "auto", ``JAX_SWIGLU_KERNEL``
+    (read when a call is traced, so it is part of the traced program)."""
+    kernel = canonical_kernel(kernel)
     if kernel != "auto":
-        return kernel, f"kernel={kernel!r}"
+        return kernel
     env = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if env not in KERNEL_CHOICES:
         raise ValueError(f"{ENV_VAR}={env!r}: must be one of {KERNEL_CHOICES}")
-    return env, (f"{ENV_VAR}={env}" if env != "auto" else "auto")
+    return ALIASES.get(env, env)
 
 
 @functools.cache
@@ -105,116 +117,79 @@ def kernels_unusable_reason() -> str | None:
     return None
 
 
-def _xla(reason: str, source: str = "") -> Choice:
-    return Choice("xla", None, None, reason, source)
+def candidates(problem: Problem, family: str | None = None) -> list[_native.KernelConfig]:
+    """The compiled rows of ``problem``'s operands (of ``family`` if given) that can run it
+    with their default launch attributes."""
+    return [row for row in _native.kernel_configs().values()
+            if row.operands == problem.operands and (family is None or row.family == family)
+            and row.runs(problem.m)
+            and not _native.can_implement(row.id, m=problem.m, n=problem.n, k=problem.k,
+                                          promotion=max(1, row.tile_k // 32))]
 
 
-def choose(m: int, n: int, k: int, dtype, *, kernel: str = "auto", platform: str = "cuda",
-           activation: str = "silu") -> Choice:
-    """Picks the implementation for a ``[m, k] x [k, 2n]`` call of ``dtype`` on ``platform``.
+def check_forced_launch(launch: _launch.Launch, problem: Problem, kernel: str = "auto") -> None:
+    """A clear ValueError where a forced launch cannot run the problem."""
+    row = launch.row
+    if not row.compiled:
+        raise ValueError(f"launch={launch}: config {row.id} is not compiled in this build "
+                         "(install with JAX_SWIGLU_ALL_CONFIGS=1)")
+    if row.operands != problem.operands:
+        have = "fp8 (QuantizedWeights)" if problem.operands == "e4m3" else "16-bit (PackedWeights)"
+        raise ValueError(f"launch={launch}: config {row.id} runs {row.operands} operands, but "
+                         f"the weights are {have}")
+    if kernel not in ("auto", row.family):
+        raise ValueError(f"launch={launch} is a {row.family} row, but kernel={kernel!r}")
+    why = launch.cannot_run(problem.m, problem.n, problem.k)
+    if why:
+        raise ValueError(f"launch={launch}: {why}")
 
-    The activation does not enter the decision: it changes a few instructions per output
-    element of the epilogue, not the tiles' traffic or waves, so the tuning data (measured
-    with SiLU) serves both; it picks the FFI target.
-    """
-    from .. import __version__
 
-    requested, source = requested_kernel(kernel)
-    if requested == "xla":
-        return _xla(source, "override")
+def choose(problem: Problem, *, kernel: str = "auto", launch: _launch.Launch | None = None,
+           platform: str = "cuda") -> Choice:
+    """Picks what runs ``problem`` on ``platform``: a forced ``launch``, or a family's best
+    candidate (``kernel``, already resolved by ``requested_kernel``), or the engine's pick
+    among every candidate and the XLA path."""
+
+    kernel = canonical_kernel(kernel)
+    if kernel == "xla":
+        return Choice(None, "kernel='xla'", "override")
+    forced = kernel != "auto" or launch is not None
+    what = f"launch={launch}" if launch is not None else f"kernel={kernel!r}"
     if platform != "cuda":
-        if requested != "auto":
+        if forced:
             # Forcing a kernel is for CUDA; elsewhere the reference is the only path.
-            return _xla(f"{source} ignored on platform {platform!r}: no fused kernel there")
-        return _xla(f"platform {platform!r} has no fused kernel")
-
+            return Choice(None, f"{what} ignored on platform {platform!r}: no fused kernel there")
+        return Choice(None, f"platform {platform!r} has no fused kernel")
     if not _native.kernels_available():
         why = _native.unavailable_reason()
-        if requested != "auto":
-            raise RuntimeError(f"{source} was requested, but {why}")
+        if forced:
+            raise RuntimeError(f"{what} was requested, but {why}")
         _warn_once(f"jax_swiglu: {why}")
-        return _xla("the CUDA extension is not built")
-    sm90 = local_gpu_is_sm90()
-    if sm90 is False:
+        return Choice(None, "the CUDA extension is not built")
+    if local_gpu_is_sm90() is False:
         why = "the fused kernels need an SM90 (Hopper) GPU and this GPU is not one"
-        if requested != "auto":
-            raise RuntimeError(f"{source} was requested, but {why}")
+        if forced:
+            raise RuntimeError(f"{what} was requested, but {why}")
         _warn_once(f"jax_swiglu: {why}; using the XLA path")
-        return _xla("GPU is not SM90")
+        return Choice(None, "GPU is not SM90")
 
-    dtype_name = jax.numpy.dtype(dtype).name
-    family = None if requested == "auto" else requested
-    if family is not None and family not in _native.kernel_configs():
-        raise RuntimeError(f"{source} was requested, but the {family} kernel is not compiled "
-                           "in this build (rebuild with -DJAX_SWIGLU_ALL_CONFIGS=ON)")
-    decision = _engine.decide(m, n, k, dtype_name, kernel=family, version=__version__)
-    forced = os.environ.get(CONFIG_ENV_VAR, "").strip()
-    if family is not None and decision.config is None and not forced:
-        # A forced family that cannot run this M (the gemv kernel's few tokens).
-        raise ValueError(f"{source} was requested, but {decision.reason}")
-    if decision.config is None and not forced:
-        return _xla(decision.reason, decision.source)
-    kernel_name = family or (decision.config.kernel if decision.config is not None
-                             else "interleaved")
-    configs = _native.kernel_configs()[kernel_name]
-    launch = {"config": decision.config.id if decision.config is not None else min(configs),
-              "swizzle": 1, "raster": "heuristic", "splits": decision.splits}
-    reason, by = decision.reason, decision.source
-    if family is not None:
-        by = f"{source}, then {by}"
-    if forced:
-        launch.update(_parse_forced_launch(forced, configs))
-        by, reason = f"{CONFIG_ENV_VAR}={forced}", f"forced; the selection said {reason}"
-        config = configs[launch["config"]]
-        if config.max_m is not None and m > config.max_m:
-            raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: {config.kernel} config {config.id} "
-                             f"runs at most {config.max_m} tokens, got M={m}")
-        if m % config.m_multiple:
-            # Its tile order runs M in bands of whole clusters of tiles (ffi/kernels/m_bands.cuh).
-            raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: config {config.id} runs M in "
-                             f"{config.m_bands} bands and needs M to be a multiple of "
-                             f"{config.m_multiple}, got M={m}")
-        if config.scheduler == "split-tail" and launch["swizzle"] != 1:
-            # Its mainloop plans the split on tiles padded to clusters, not to swizzle groups.
-            raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: config {config.id} splits "
-                             "its last round of tiles and takes no swizzle")
-        if launch["splits"] > 1 and not config.splits_k:
-            raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: config {config.id} has no "
-                             "split-K (only stream-K and gemv configs take splits)")
-        if (config.scheduler == "cluster-split-k"
-                and launch["splits"] not in config.split_choices(k)):
-            raise ValueError(f"{CONFIG_ENV_VAR}={forced!r}: the gemv kernel splits K over a "
-                             f"cluster of {config.split_choices(k)} CTAs for K={k}")
-    target = _native.targets().get((kernel_name, activation, dtype_name))
-    if target is None:
-        raise TypeError(f"the {kernel_name} kernel is not built for activation {activation!r} "
-                        f"and dtype {dtype}; this build has {sorted(_native.targets())}")
-    config = configs[launch["config"]]
-    splits = launch["splits"] if config.splits_k else 1
-    return Choice(kernel_name, config, target, reason, by, launch["swizzle"], launch["raster"],
-                  splits)
+    if launch is not None:
+        check_forced_launch(launch, problem, kernel)
+        return Choice(launch, "forced", f"launch={launch}")
+    family = None if kernel == "auto" else kernel
+    found = candidates(problem, family)
+    if family is not None and not found:
+        rows = sorted((row for row in _native.kernel_configs().values()
+                       if row.family == family and row.operands == problem.operands),
+                      key=lambda row: -(row.max_m or 1 << 30))
+        if not rows:
+            raise ValueError(f"kernel={kernel!r} was requested, but this build has no "
+                             f"{family} kernel on {problem.operands} operands")
+        why = _native.can_implement(rows[0].id, m=problem.m, n=problem.n, k=problem.k,
+                                    promotion=max(1, rows[0].tile_k // 32))
+        raise ValueError(f"kernel={kernel!r} was requested, but no compiled {family} config "
+                         f"runs M={problem.m} N={problem.n} K={problem.k}: {why}")
+    decision = _engine.decide(problem, found, xla_allowed=family is None, version=__version__)
+    source = decision.source if family is None else f"kernel={kernel!r}, then {decision.source}"
+    return Choice(decision.launch, decision.reason, source)
 
-
-def _parse_forced_launch(text: str, configs) -> dict:
-    def bad(why):
-        return ValueError(f"{CONFIG_ENV_VAR}={text!r}: {why}")
-
-    config, *options = [part.strip() for part in text.split(",")]
-    launch = {}
-    if config:
-        if not config.isdigit() or int(config) not in configs:
-            raise bad(f"config must be one of {sorted(configs)}")
-        launch["config"] = int(config)
-    for option in options:
-        key, _, value = option.partition("=")
-        if key == "swizzle" and value.isdigit() and int(value) in SWIZZLES:
-            launch["swizzle"] = int(value)
-        elif key == "raster" and value in RASTER_ORDERS:
-            launch["raster"] = value
-        elif key == "splits" and value.isdigit() and 1 <= int(value) <= MAX_SPLITS:
-            launch["splits"] = int(value)
-        else:
-            raise bad(f"options are swizzle={'|'.join(map(str, SWIZZLES))}, "
-                      f"raster={'|'.join(RASTER_ORDERS)} and splits=1..{MAX_SPLITS}, "
-                      f"got {option!r}")
-    return launch

@@ -27,11 +27,41 @@ from .._native import KernelConfig
 from . import _model
 
 FORMAT = "jax_swiglu-tuning/1"
-# How far (in log units per dimension) a measurement informs a prediction, and how many of
-# the nearest are averaged.
-_LOG_SCALE = {"m": math.log(2.0), "n": math.log(1.6), "k": math.log(1.6)}
-_NEIGHBOURS = 8
-_MAX_DISTANCE = 3.0  # beyond it a candidate has no measurement close enough to correct it
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnedRule:
+    """How far measurements inform a prediction: the ``model.learned_rule`` section of a data
+    file. A problem's distance to a measured one is in log units per dimension, divided by
+    that dimension's ``log_scale`` (a factor of 2 in M counts as much as 1.6 in N or K); the
+    ``neighbours`` nearest within ``max_distance`` are averaged, weighted by a Gaussian of
+    their distance, and beyond it a candidate has no measurement close enough to correct it."""
+
+    scale_m: float
+    scale_n: float
+    scale_k: float
+    neighbours: int
+    max_distance: float
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "LearnedRule":
+        scales = fields["log_scale"]
+        return cls(math.log(scales["m"]), math.log(scales["n"]), math.log(scales["k"]),
+                   int(fields["neighbours"]), float(fields["max_distance"]))
+
+    def distance(self, a, b) -> float:
+        """How far apart two problems' (log m, log n, log k) are."""
+        return math.sqrt(sum(((x - y) / scale) ** 2 for scale, x, y in
+                             zip((self.scale_m, self.scale_n, self.scale_k), a, b)))
+
+    def nearest_geometric_mean(self, scored) -> float | None:
+        """exp of the Gaussian-weighted mean of the logs of the nearest (distance, log) pairs;
+        None if none is near enough."""
+        scored = [(d, r) for d, r in sorted(scored)[:self.neighbours] if d <= self.max_distance]
+        if not scored:
+            return None
+        weights = [math.exp(-0.5 * d * d) for d, _ in scored]
+        return math.exp(sum(w * r for w, (_, r) in zip(weights, scored)) / sum(weights))
 
 
 def launch_id(config_key: str, splits: int = 1) -> str:
@@ -71,6 +101,13 @@ class TuningData:
                              f"{document.get('format')!r}, expected {FORMAT!r})")
         self.source = source
         self.device = document["device"]
+        model = document.get("model") or {}
+        if "cost" not in model or "learned_rule" not in model:
+            raise ValueError(f"{source}: no model constants (a 'model' section with 'cost' and "
+                             "'learned_rule'); write the file with benchmarks/tuning_data.py")
+        self.constants = _model.Constants.from_dict(model["cost"])
+        self.rule = LearnedRule.from_dict(model["learned_rule"])
+        self.heuristics = model.get("heuristics", {})
         self.calibrations = document.get("calibrations", {})
         self.configs = document.get("configs", {})
         self.entries = [Entry(**entry) for entry in document.get("entries", [])]
@@ -96,11 +133,17 @@ class TuningData:
                 config = self.config(key)
                 if config is None or not us or us <= 0:
                     continue
-                predicted = _model.launch_us(config, splits, entry.problem, sm_count, bandwidth)
+                predicted = _model.launch_us(config, splits, entry.problem, sm_count, bandwidth,
+                                             self.constants)
                 table.setdefault(launch, []).append(
                     (entry.dtype, math.log(entry.m), math.log(entry.n), math.log(entry.k),
                      math.log(us / predicted)))
         return table
+
+    def measured_splits(self, key: str) -> set[int]:
+        """The splits the data measured of the config named ``key``."""
+        return {parse_launch_id(launch)[1] for launch in self._by_launch
+                if parse_launch_id(launch)[0] == key}
 
     def config(self, key: str) -> KernelConfig | None:
         """The config a key names, as the data file records it (its id is the row in the build
@@ -115,8 +158,8 @@ class TuningData:
         """exp(weighted mean log(measured / model)) of ``launch`` near (m, n, k), or None when
         no measurement of it is close enough."""
         here = _log_point(m, n, k)
-        return _nearest_geometric_mean(
-            [(_distance((lm, ln, lk), here), residual)
+        return self.rule.nearest_geometric_mean(
+            [(self.rule.distance((lm, ln, lk), here), residual)
              for point_dtype, lm, ln, lk, residual in self._by_launch.get(launch, ())
              if point_dtype == dtype])
 
@@ -125,9 +168,10 @@ class TuningData:
         to (m, n, k): the candidates worth predicting there (a launch never close to the best
         nearby is not trusted to win on an extrapolated correction). None without data near."""
         here = _log_point(m, n, k)
-        near = sorted(((_distance(_log_point(e.m, e.n, e.k), here), i)
+        near = sorted(((self.rule.distance(_log_point(e.m, e.n, e.k), here), i)
                        for i, e in enumerate(self.entries) if e.dtype == dtype and e.launch_us))
-        near = [self.entries[i] for d, i in near[:_NEIGHBOURS] if d <= _MAX_DISTANCE]
+        near = [self.entries[i] for d, i in near[:self.rule.neighbours]
+                if d <= self.rule.max_distance]
         if not near:
             return None
         found = set()
@@ -147,29 +191,14 @@ class TuningData:
                 continue
             ours = min((entry.cupti_us or entry.launch_us).values(), default=None)
             if ours:
-                scored.append((_distance(_log_point(entry.m, entry.n, entry.k), here),
+                scored.append((self.rule.distance(_log_point(entry.m, entry.n, entry.k), here),
                                math.log(entry.xla_us / ours)))
         exact = [r for d, r in scored if d == 0.0]
-        return math.exp(min(exact)) if exact else _nearest_geometric_mean(scored)
+        return math.exp(min(exact)) if exact else self.rule.nearest_geometric_mean(scored)
 
 
 def _log_point(m: int, n: int, k: int) -> tuple[float, float, float]:
     return math.log(m), math.log(n), math.log(k)
-
-
-def _distance(a, b) -> float:
-    """How far apart two problems are, in log units scaled per dimension (_LOG_SCALE)."""
-    return math.sqrt(sum(((x - y) / _LOG_SCALE[axis]) ** 2 for axis, x, y in zip("mnk", a, b)))
-
-
-def _nearest_geometric_mean(scored) -> float | None:
-    """exp of the Gaussian-weighted mean of the logs of the _NEIGHBOURS nearest (distance, log)
-    pairs within _MAX_DISTANCE; None if there are none."""
-    scored = [(d, r) for d, r in sorted(scored)[:_NEIGHBOURS] if d <= _MAX_DISTANCE]
-    if not scored:
-        return None
-    weights = [math.exp(-0.5 * d * d) for d, _ in scored]
-    return math.exp(sum(w * r for w, (_, r) in zip(weights, scored)) / sum(weights))
 
 
 def data_path(device_kind: str) -> str:
@@ -198,3 +227,9 @@ def shipped_kinds() -> tuple[str, ...]:
             with open(os.path.join(folder, name)) as f:
                 kinds.append(json.load(f)["device"]["kind"])
     return tuple(kinds)
+
+
+def any_sm90() -> TuningData | None:
+    """Some shipped SM90 part's data (its corrections and constants serve a GPU with none)."""
+    kinds = shipped_kinds()
+    return shipped(kinds[0]) if kinds else None

@@ -17,31 +17,48 @@ from __future__ import annotations
 import dataclasses
 import math
 
-# Nominal dense bf16 tensor-core rate of one Hopper SM (about 990 TFLOP/s over 132 SMs).
-PEAK_FLOPS_PER_SM = 7.5e12
-# How much more than its even share of DRAM bandwidth one SM can pull: a round with few
-# active tiles still streams faster than the even share, but not without limit.
-SM_BANDWIDTH_FACTOR = 1.3
-# Fixed cost of a launch, and what stream-K adds to it: the workspace's memset before the
-# kernel and the fixed-order reduction of the split tiles at its end. That reduction is a
-# chain: the CTA that finishes a tile waits for each peer's partial sums in turn, so each
-# peer of a tile adds a link's latency (a flag and a partial tile through the L2).
-LAUNCH_US = 2.0
-STREAM_K_US = 4.0
-STREAM_K_PEER_US = 1.5
-# Stream-K's fixed-order reduction: a partial tile written and read back once per split.
-FIXUP_BYTES_PER_ELEMENT = 8
-# The gemv kernel (CUDA cores, ffi/kernels/gemv_kernel.cuh): an SM's fp32 FMA lanes at its
-# boost clock, and the instructions each FMA brings along (unpacking bf16, loads, addressing).
-GEMV_FMA_PER_SM_PER_S = 128 * 1.98e9
-GEMV_ISSUE_PER_FMA = 1.4
-# How much more than its even share of DRAM bandwidth one SM pulls with the gemv kernel's
-# 16-byte loads, where few of its CTAs share the machine.
-GEMV_SM_BANDWIDTH_FACTOR = 2.0
-# Of the operand bytes that tiles load more than once (the weights once per row of token
-# tiles, x once per column of weight tiles), the share that comes from DRAM again rather
-# than from the L2: tiles sharing an operand run at nearby times, but not all at once.
-REREAD_FROM_DRAM = 0.3
+from .. import _layout
+
+@dataclasses.dataclass(frozen=True)
+class Constants:
+    """The model's rates and costs for one GPU: the ``model.cost`` section of its tuning data
+    file (jax_swiglu/data/<device>.json), where benchmarks/tuning_data.py records them with
+    what they were checked against. Nominal rates are leads; the fixed costs are what the
+    leave-one-shape-out check (tuning_data --cross-validate) settled."""
+
+    # Dense 16-bit tensor-core rate of one SM (e4m3 runs twice it).
+    peak_flops_per_sm: float
+    # How much more than its even share of DRAM bandwidth one SM can pull: a round with few
+    # active tiles still streams faster than the even share, but not without limit.
+    sm_bandwidth_factor: float
+    # Fixed cost of a launch, and what stream-K adds to it: the workspace's memset before the
+    # kernel and the fixed-order reduction of the split tiles at its end. That reduction is a
+    # chain: the CTA that finishes a tile waits for each peer's partial sums in turn, so each
+    # peer of a tile adds a link's latency (a flag and a partial tile through the L2).
+    launch_us: float
+    stream_k_us: float
+    stream_k_peer_us: float
+    # Stream-K's fixed-order reduction: a partial tile written and read back once per split.
+    fixup_bytes_per_element: float
+    # The gemv kernel (CUDA cores): an SM's fp32 FMA lanes at its boost clock, and the
+    # instructions each FMA brings along (unpacking the 16-bit values, loads, addressing).
+    gemv_fma_per_sm_per_s: float
+    gemv_issue_per_fma: float
+    # How much more than its even share of DRAM bandwidth one SM pulls with the gemv kernel's
+    # 16-byte loads, where few of its CTAs share the machine.
+    gemv_sm_bandwidth_factor: float
+    # Of the operand bytes that tiles load more than once (the weights once per row of token
+    # tiles, x once per column of weight tiles), the share that comes from DRAM again rather
+    # than from the L2: tiles sharing an operand run at nearby times, but not all at once.
+    reread_from_dram: float
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "Constants":
+        known = {f.name for f in dataclasses.fields(cls)}
+        missing = known - set(fields)
+        if missing:
+            raise ValueError(f"the tuning data's model constants lack {sorted(missing)}")
+        return cls(**{name: float(fields[name]) for name in known})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +66,12 @@ class Problem:
     m: int
     n: int
     k: int
-    element_bytes: int = 2
+    element_bytes: int = 2  # of x and the weights: 2 for 16-bit operands, 1 for e4m3
 
     @property
     def packed(self) -> int:
-        """Packed columns: 2 * N rounded up to whole gate/up blocks of 32."""
-        return 2 * (-(-self.n // 32) * 32)
+        """Packed columns: 2 * N rounded up to whole gate/up blocks."""
+        return 2 * _layout.padded_n(self.n)
 
     @property
     def dram_bytes(self) -> int:
@@ -119,29 +136,29 @@ def rounds(config, splits: int, problem: Problem, sm_count: int) -> float:
     return full + (1 if last else 0)
 
 
-def gemv_us(config, splits: int, problem: Problem, sm_count: int,
-            dram_bytes_per_s: float) -> float:
+def gemv_us(config, splits: int, problem: Problem, sm_count: int, dram_bytes_per_s: float,
+            constants: Constants) -> float:
     """Predicted GPU time (us) of the gemv kernel with K split over ``splits`` CTAs: the
     larger of the FMA issue (the CUDA-core form) and the weight stream. Every CTA streams
     the same share of the weights; the SMs hold ``config.ctas_per_sm`` at once, so the CTAs
     run in waves: a full wave streams at the DRAM rate, and a last, partial one at the DRAM
     rate or, where few CTAs are left, at what the SM with the most of them can pull (at most
-    GEMV_SM_BANDWIDTH_FACTOR times its even share)."""
+    gemv_sm_bandwidth_factor times its even share)."""
     ctas = _ceil(problem.packed, config.tile_n) * splits
     slots = sm_count * config.ctas_per_sm
     cta_bytes = problem.element_bytes * config.tile_n * _ceil(problem.k, splits)
     full_waves, last_wave = divmod(ctas, slots)
     stream_s = full_waves * slots * cta_bytes / dram_bytes_per_s
     if last_wave:
-        sm_rate = GEMV_SM_BANDWIDTH_FACTOR * dram_bytes_per_s / sm_count
+        sm_rate = constants.gemv_sm_bandwidth_factor * dram_bytes_per_s / sm_count
         stream_s += max(last_wave * cta_bytes / dram_bytes_per_s,
                         _ceil(last_wave, sm_count) * cta_bytes / sm_rate)
     stream_s += problem.element_bytes * problem.m * (problem.k + problem.n) / dram_bytes_per_s
     fma_s = 0.0
     if config.schedule == "cuda-cores":  # the mma.sync form's multiply is a few instructions
-        fma_s = (GEMV_ISSUE_PER_FMA * problem.m * problem.k * problem.packed
-                 / (GEMV_FMA_PER_SM_PER_S * sm_count))
-    return LAUNCH_US + 1e6 * max(fma_s, stream_s)
+        fma_s = (constants.gemv_issue_per_fma * problem.m * problem.k * problem.packed
+                 / (constants.gemv_fma_per_sm_per_s * sm_count))
+    return constants.launch_us + 1e6 * max(fma_s, stream_s)
 
 
 def stream_k_peers(config, splits: int, problem: Problem, sm_count: int) -> float:
@@ -163,16 +180,16 @@ def stream_k_peers(config, splits: int, problem: Problem, sm_count: int) -> floa
     return 1.0
 
 
-def launch_us(config, splits: int, problem: Problem, sm_count: int,
-              dram_bytes_per_s: float) -> float:
+def launch_us(config, splits: int, problem: Problem, sm_count: int, dram_bytes_per_s: float,
+              constants: Constants) -> float:
     """Predicted GPU time (us) of one launch of ``config`` with ``splits``."""
     if config.scheduler == "cluster-split-k":
-        return gemv_us(config, splits, problem, sm_count, dram_bytes_per_s)
+        return gemv_us(config, splits, problem, sm_count, dram_bytes_per_s, constants)
     tiles_m, tiles_n = tile_grid(config, problem)
     tiles = tiles_m * tiles_n
     k_padded = _ceil(problem.k, config.tile_k) * config.tile_k
     tile_flops = 2 * config.tile_m * config.tile_n * k_padded
-    compute_s = tile_flops / PEAK_FLOPS_PER_SM
+    compute_s = tile_flops / (constants.peak_flops_per_sm * (2 if problem.element_bytes == 1 else 1))
     # A round's share of the DRAM stream (each operand once, and a share of the rereads of
     # the weights by every row of token tiles and of x by every column of weight tiles), and
     # what one SM's tile can pull alone.
@@ -180,25 +197,26 @@ def launch_us(config, splits: int, problem: Problem, sm_count: int,
     e = problem.element_bytes
     loaded = e * k_padded * (tiles_m * config.tile_m * tiles_n + tiles_n * config.tile_n * tiles_m)
     once = e * k_padded * (tiles_m * config.tile_m + tiles_n * config.tile_n)
-    dram_bytes = problem.dram_bytes + REREAD_FROM_DRAM * max(0, loaded - once)
+    dram_bytes = problem.dram_bytes + constants.reread_from_dram * max(0, loaded - once)
     per_round_s = dram_bytes / dram_bytes_per_s / max(round_count, 1e-9)
     tile_bytes = problem.element_bytes * config.tile_n * k_padded
-    per_tile_s = tile_bytes / (SM_BANDWIDTH_FACTOR * dram_bytes_per_s / sm_count)
+    per_tile_s = tile_bytes / (constants.sm_bandwidth_factor * dram_bytes_per_s / sm_count)
     seconds = round_count * max(compute_s, per_round_s, per_tile_s)
-    overhead_us = LAUNCH_US
+    overhead_us = constants.launch_us
     if config.scheduler == "stream-k":
         split_tiles = tiles if splits > 1 else min(tiles, sm_count)
-        seconds += (split_tiles * config.tile_m * config.tile_n * FIXUP_BYTES_PER_ELEMENT
-                    / dram_bytes_per_s)
-        overhead_us += (STREAM_K_US
-                        + STREAM_K_PEER_US * stream_k_peers(config, splits, problem, sm_count))
+        seconds += (split_tiles * config.tile_m * config.tile_n
+                    * constants.fixup_bytes_per_element / dram_bytes_per_s)
+        overhead_us += (constants.stream_k_us + constants.stream_k_peer_us
+                        * stream_k_peers(config, splits, problem, sm_count))
     return overhead_us + 1e6 * seconds
 
 
-def xla_us(problem: Problem, sm_count: int, dram_bytes_per_s: float) -> float:
+def xla_us(problem: Problem, sm_count: int, dram_bytes_per_s: float,
+           constants: Constants) -> float:
     """Predicted GPU time (us) of the XLA path on packed weights: one GEMM with an fp32
     result, then SiLU * up, which writes and reads the [M, 2N] fp32 product once more."""
-    gemm_s = max(problem.flops / (PEAK_FLOPS_PER_SM * sm_count),
+    gemm_s = max(problem.flops / (constants.peak_flops_per_sm * sm_count),
                  problem.dram_bytes / dram_bytes_per_s)
     round_trip_s = (problem.m * problem.packed * 4 * 2) / dram_bytes_per_s
-    return 2 * LAUNCH_US + 1e6 * (gemm_s + round_trip_s)
+    return 2 * constants.launch_us + 1e6 * (gemm_s + round_trip_s)

@@ -20,11 +20,10 @@ def _rel_frobenius(y, r):
     return np.linalg.norm(y - r) / np.linalg.norm(r)
 
 
-@pytest.mark.parametrize("kernel", [k for k in jax_swiglu.KERNELS
-                                    if k in jax_swiglu.kernel_configs() and k != "gemv"])
+@pytest.mark.parametrize("kernel", ["interleaved", "gate_then_up"])
 @pytest.mark.parametrize("lead", [(8, 1), (1, 2048)])
 def test_gpu_fused_module_matches_reference(key, kernel, lead):
-    k, n = jax_swiglu.QWEN25_MLPS["qwen2.5-0.5b"]
+    k, n = 896, 4864  # Qwen2.5-0.5B's MLP
     reference = swiglu_nn.SwiGLUMLP(k, n, rngs=nnx.Rngs(0))
     fused = swiglu_nn.FusedSwiGLUMLP.from_unfused(reference, kernel=kernel)
     x = random_x(key, (*lead, k))

@@ -8,10 +8,10 @@
 * 10,000 back-to-back calls with device memory flat,
 * 64-bit indexing: outputs, and inputs, of more than 2^31 elements.
 
-Complements tests/gpu/test_kernels.py (accuracy on the Qwen grid, every config) and
+Complements the kernel suite (tests/kernels: accuracy of every compiled row) and
 scripts/sanitize.sh (compute-sanitizer). Set JAX_SWIGLU_GPU_REPORT=path.jsonl to record every
 case's numbers: rows name their ``test`` and carry ``mismatches`` (elements off, or bits
-differing) and ``rel_fro`` like tests/gpu/test_kernels.py's rows.
+differing) and ``rel_fro`` like the kernel suite's rows.
 """
 
 import functools
@@ -28,11 +28,18 @@ import numpy as np
 import pytest
 
 import jax_swiglu
-from jax_swiglu import QWEN25_MLPS, PackedWeights, swiglu
-from jax_swiglu.selection import CONFIG_ENV_VAR
+from benchmarks.shapes import QWEN25_MLPS
+from jax_swiglu import Launch, PackedWeights, swiglu
 
+from criterion import errors, fused, inputs, record as _record
 from helpers import random_weights, random_x
-from test_kernels import FUSED_KERNELS, _errors, _fused, _inputs, _record
+
+# The fused families that run any M (the gemv kernel runs a few tokens: tests/kernels).
+FUSED_KERNELS = ["interleaved", "gate_then_up"]
+
+
+def _fused(kernel):
+    return fused(None, kernel)
 
 
 BF16 = jnp.dtype(jnp.bfloat16)
@@ -53,44 +60,39 @@ def _key(name):
 # --- determinism ----------------------------------------------------------------------------
 
 CALLS = 100
-# (kernel, model, M, forced config or None). Unforced, the table picks the interleaved
-# kernel's configs 4, 2 and 0 (2x1 cluster) for these three; then every compiled config of
-# every kernel, forced, on one shape (where config 5 splits tiles along K: stream-K).
+# (kernel, model, M, forced config or None). Unforced, the table picks its launch for these
+# three; then every compiled 16-bit row of the two families, forced, on one shape (where the
+# stream-K rows split tiles along K).
 DETERMINISM_CASES = [
     (kernel, model, m, None) for kernel in FUSED_KERNELS
     for model, m in (("qwen2.5-0.5b", 7), ("qwen2.5-72b", 100), ("qwen2.5-7b", 2048))
 ] + [
-    (kernel, "qwen2.5-1.5b", 300, config.id)
-    for kernel in FUSED_KERNELS for config in jax_swiglu.kernel_configs().get(kernel, {}).values()
-    if 300 % config.m_multiple == 0  # configs running M in bands: test_kernels.py's test_m_bands
+    (config.family, "qwen2.5-1.5b", 300, config.id)
+    for config in jax_swiglu.kernel_configs().values()
+    if config.family in FUSED_KERNELS and config.operands == "16bit"
+    and 300 % config.m_multiple == 0  # rows running M in bands: tests/kernels/test_tiles.py
 ]
 
 
 @pytest.mark.parametrize("kernel, model, m, config", DETERMINISM_CASES)
-def test_bitwise_deterministic(kernel, model, m, config, key, monkeypatch):
+def test_bitwise_deterministic(kernel, model, m, config, key):
     """No atomic accumulation: each output element is one CTA's fixed-order sum, or with
     stream-K the partial sums of a fixed set of CTAs added in a fixed order (CUTLASS's
     deterministic reduction), so repeated calls and a recompiled function give the same bits."""
-    if config is not None:
-        monkeypatch.setenv(CONFIG_ENV_VAR, str(config))
-    jax.clear_caches()  # the config is read when a function is lowered
-    try:
-        k, n = QWEN25_MLPS[model]
-        x, w_gate, w_up, data = _inputs(key, m, k, n, BF16)
-        packed = PackedWeights(data, n)
-        call = jax.jit(functools.partial(swiglu, kernel=kernel))
-        first = call(x, packed)
-        repeated = jnp.zeros((), jnp.int32)
-        for _ in range(CALLS - 1):
-            repeated = repeated + _bits_differing(first, call(x, packed))
-        repeated = int(repeated)
-        choice = jax_swiglu.explain(x, packed, kernel=kernel)
-        jax.clear_caches()
-        recompiled = jax.jit(functools.partial(swiglu, kernel=kernel))(x, packed)
-        across_compiles = int(_bits_differing(first, recompiled))
-        off, rel_fro, _ = (float(v) for v in _errors(first, x, w_gate, w_up, "silu"))
-    finally:
-        jax.clear_caches()
+    launch = None if config is None else Launch(config)
+    k, n = QWEN25_MLPS[model]
+    x, packed = inputs(key, m, k, n, BF16)
+    call = jax.jit(lambda x, p: swiglu(x, p, kernel=kernel, launch=launch))
+    first = call(x, packed)
+    repeated = jnp.zeros((), jnp.int32)
+    for _ in range(CALLS - 1):
+        repeated = repeated + _bits_differing(first, call(x, packed))
+    repeated = int(repeated)
+    choice = jax_swiglu.explain(x, packed, kernel=kernel, launch=launch)
+    # A new function: traced, lowered and compiled again.
+    recompiled = jax.jit(lambda x, p: swiglu(x, p, kernel=kernel, launch=launch))(x, packed)
+    across_compiles = int(_bits_differing(first, recompiled))
+    off, rel_fro, _ = (float(v) for v in errors(first, x, packed, "silu"))
     _record(test="determinism", kernel=kernel, m=m, k=k, n=n, dtype="bfloat16", calls=CALLS,
             differing_over_calls=repeated, differing_after_recompile=across_compiles,
             mismatches=repeated + across_compiles, rel_fro=rel_fro, choice=choice)
@@ -107,11 +109,8 @@ CHAIN_STEPS = 8
 GRAPH_CASES = {
     "single-0.5b-m1": ("single", 1, 896, 4864),
     "single-7b-m1000": ("single", 1000, 3584, 18944),
-    # The table's one-wave 128x320 config 8. (It picked stream-K config 5, with its memset and
-    # workspace, until run 43; test_bitwise_deterministic still forces config 5.)
     "single-7b-m128": ("single", 128, 3584, 18944),
-    "single-1.5b-m128": ("single", 128, 1536, 8960),  # the table's 128x192 config 9
-    # The table's pingpong 128x192 config 6, which stores from registers (no TMA store).
+    "single-1.5b-m128": ("single", 128, 1536, 8960),
     "single-1.5b-m512": ("single", 512, 1536, 8960),
     "chain-m64": ("chain", 64, 2048, 2048),
     "chain-m1500": ("chain", 1500, 2048, 2048),
@@ -173,8 +172,8 @@ def graphs_off(tmp_path_factory):
     spec, inputs = [], {}
     for kernel in FUSED_KERNELS:
         for name, (program, m, k, n) in GRAPH_CASES.items():
-            x, _, _, data = _inputs(_key(name), m, k, n, BF16)
-            x, data = (np.asarray(a).view(np.uint16) for a in (x, data))
+            x, packed = inputs(_key(name), m, k, n, BF16)
+            x, data = (np.asarray(a).view(np.uint16) for a in (x, packed.data))
             stem = tmp / f"{kernel}-{name}"
             np.save(f"{stem}-x.npy", x)
             np.save(f"{stem}-data.npy", data)
@@ -189,12 +188,12 @@ def graphs_off(tmp_path_factory):
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     env.pop("JAX_SWIGLU_GPU_REPORT", None)
     # The subprocess must import the same jax_swiglu (with its built extension) as this one.
-    # ... and the tests' shared helpers (tests/helpers.py, tests/gpu/test_kernels.py), which
-    # pytest's pythonpath gives this process but a script run does not.
+    # ... and the tests' shared helpers (tests/helpers.py, tests/kernels/criterion.py) and the
+    # benchmarks' shapes, which pytest's pythonpath gives this process but a script run does not.
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_swiglu.__file__)))
     tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (package_root, tests_dir, os.path.dirname(os.path.abspath(__file__)),
+        p for p in (package_root, tests_dir, os.path.join(tests_dir, "kernels"),
                     env.get("PYTHONPATH")) if p)
     worker = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--graphs-off-worker", str(tmp / "spec.json")],
@@ -287,7 +286,8 @@ def _scaled_inputs(key, x_scale, w_scale, m, k, n, dtype):
 
 @jax.jit
 def _scaled_errors(y, x, w_gate, w_up):
-    """tests/gpu/test_kernels.py's criterion with the absolute slack scaled to the reference.
+    """The kernel suite's criterion (tests/kernels/criterion.py) with the absolute slack scaled
+    to the reference.
 
     There, |y - r| <= 0.01 |r| + 1e-3 with outputs of order 1. With x and weights scaled
     by 1e-3 the products are of order 1e-6 and a fixed 1e-3 would accept anything, all
@@ -356,8 +356,7 @@ def test_memory_flat_over_many_calls(kernel, key):
         pytest.skip("the device reports no bytes_in_use (e.g. XLA_PYTHON_CLIENT_ALLOCATOR=platform)")
     k, n = QWEN25_MLPS["qwen2.5-0.5b"]
     m = 128
-    x, _, _, data = _inputs(key, m, k, n, BF16)
-    packed = PackedWeights(data, n)
+    x, packed = inputs(key, m, k, n, BF16)
     call = jax.jit(functools.partial(swiglu, kernel=kernel))
     first = jax.block_until_ready(call(x, packed))
     int(_bits_differing(first, first))  # compiled before the count starts
@@ -407,15 +406,14 @@ def _sample_rows(m, k, n, count=8, seed=0):
 def test_more_than_2_31_elements(kernel, name, key):
     m, k, n = LARGE_CASES[name]
     assert max(m * n, m * k) > 2**31
-    x, w_gate, w_up, data = _inputs(key, m, k, n, BF16)
-    packed = PackedWeights(data, n)
+    x, packed = inputs(key, m, k, n, BF16)
     y = _fused(kernel)(jnp.full((m, n), jnp.nan, BF16), x, packed)
     # Every element written (the output was NaN-poisoned): count rows with NaN, as an
     # element count could overflow int32.
     rows_unwritten = int(jnp.sum(jnp.any(jnp.isnan(y), axis=1)))
     rows = _sample_rows(m, k, n)
     idx = jnp.asarray(rows)
-    off, rel_fro, max_abs = (float(v) for v in _errors(y[idx], x[idx], w_gate, w_up, "silu"))
+    off, rel_fro, max_abs = (float(v) for v in errors(y[idx], x[idx], packed, "silu"))
     _record(test="large_m", case=name, kernel=kernel, m=m, k=k, n=n, dtype="bfloat16",
             rows_checked=rows.tolist(), rows_unwritten=rows_unwritten, mismatches=int(off),
             rel_fro=rel_fro, max_abs_err=max_abs,

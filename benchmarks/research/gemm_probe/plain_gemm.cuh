@@ -57,7 +57,8 @@ struct ProbeConfig {
   Orientation orientation;
 };
 #define GEMM_PROBE_CANDIDATE(id, orientation, schedule, tm, tn, tk, cm, cn)                  \
-  ProbeConfig{{id, jax_swiglu::Schedule::schedule, jax_swiglu::MmaMSide::Tokens, tm, tn, tk, \
+  ProbeConfig{{id, jax_swiglu::Family::Interleaved, jax_swiglu::Operands::Bits16,          \
+               jax_swiglu::Schedule::schedule, jax_swiglu::MmaMSide::Tokens, tm, tn, tk,    \
                cm, cn, jax_swiglu::TileScheduler::Persistent,                               \
                jax_swiglu::OutputStore::TmaStore /* unused: CUTLASS's own epilogue */, 1,   \
                jax_swiglu::Build::Optional},                                                \
@@ -82,7 +83,7 @@ inline constexpr ProbeConfig kCandidates[] = {
 #undef GEMM_PROBE_CANDIDATE
 inline constexpr int kFirstCandidateId = 100;
 
-// The tiles of probe id `Id`: an interleaved config of ffi/kernel_configs.h, or a candidate.
+// The tiles of probe id `Id`: a 16-bit interleaved row of ffi/kernel_configs.h, or a candidate.
 template <int Id>
 constexpr ProbeConfig ProbeConfigFor() {
   if constexpr (Id >= kFirstCandidateId) {
@@ -90,7 +91,10 @@ constexpr ProbeConfig ProbeConfigFor() {
                   "no such candidate");
     return kCandidates[Id - kFirstCandidateId];
   } else {
-    return ProbeConfig{jax_swiglu::kInterleavedConfigs[Id], Orientation::kNormal};
+    static_assert(jax_swiglu::kConfigs[Id].family == jax_swiglu::Family::Interleaved &&
+                      jax_swiglu::kConfigs[Id].operands == jax_swiglu::Operands::Bits16,
+                  "a 16-bit interleaved row");
+    return ProbeConfig{jax_swiglu::kConfigs[Id], Orientation::kNormal};
   }
 }
 

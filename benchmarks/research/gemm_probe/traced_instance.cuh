@@ -23,7 +23,7 @@ std::string LaunchTraced(const jax_swiglu::SwigluProblem& p, const jax_swiglu::D
   using Kernel = typename Traced::Kernel;
   using Element = typename Traced::Element;
   constexpr jax_swiglu::KernelConfig config = Traced::kConfig;
-  // As the product's TokensOnMAssembly: A = x [M, K], B = packed [K, 2N].
+  // As the product's InterleavedAssembly (tokens on M): A = x [M, K], B = packed [K, 2N].
   typename Kernel::StrideA stride_a = cute::make_stride(p.k, cute::_1{}, int64_t(0));
   typename Kernel::StrideB stride_b = cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
   auto args = jax_swiglu::GemmArguments<Kernel>(

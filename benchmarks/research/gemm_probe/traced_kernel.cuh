@@ -289,21 +289,25 @@ struct TracedInterleaved {
   // The product's parts for the config (tokens on the wgmma M side), recombined here with the
   // other output path where the variant asks for it.
   using Product =
-      jax_swiglu::TokensOnMAssembly<ConfigId, jax_swiglu::BF16, jax_swiglu::Activation::Silu>;
+      jax_swiglu::InterleavedAssembly<ConfigId, jax_swiglu::BF16, jax_swiglu::Activation::Silu>;
+  static_assert(!Product::kSwapAb && !Product::kFp8 && !Product::kSplitTail,
+                "the traced rows are 16-bit, tokens on M, whole tiles");
   static constexpr jax_swiglu::KernelConfig kConfig = Product::kConfig;
   using Element = typename Product::Element;
   static constexpr jax_swiglu::OutputStore kStore =
       kVariant != TraceVariant::OtherStore ? kConfig.store
       : kConfig.store == jax_swiglu::OutputStore::TmaStore ? jax_swiglu::OutputStore::DirectStore
                                                            : jax_swiglu::OutputStore::TmaStore;
-  using Epilogue = jax_swiglu::SwiGluEpilogue<
-      Element, typename Product::TileShape,
-      jax_swiglu::InterleavedPairs<kConfig.schedule == jax_swiglu::Schedule::Cooperative,
-                                   jax_swiglu::Activation::Silu>,
-      kStore>;
-  using Built = jax_swiglu::BuiltMainloop<ConfigId, Element, typename Product::TileShape,
-                                          cutlass::layout::RowMajor, cutlass::layout::RowMajor,
-                                          Epilogue>;
+  using Pairs = typename Product::Pairs;
+  using Store = jax_swiglu::StoreFor<kStore, typename Product::ElementD, kConfig.tile_m,
+                                     kConfig.tile_n, Pairs, false>;
+  using Epilogue = jax_swiglu::SwiGluEpilogue<typename Product::ElementD,
+                                              typename Product::TileShape, Pairs, Store,
+                                              jax_swiglu::NoScales>;
+  using Built = jax_swiglu::CollectiveMainloopFor<
+      Element, typename Product::TileShape, typename Product::LayoutA,
+      typename Product::LayoutB, kConfig.cluster_m, kConfig.cluster_n, kConfig.schedule,
+      Epilogue::kSharedBytes>;
   using Mainloop = cute::conditional_t<Epilogue::kShiftedRows,
                                        jax_swiglu::EdgeTileMainloop<Built>, Built>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<

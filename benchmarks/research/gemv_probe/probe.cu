@@ -7,7 +7,7 @@
 //
 // Usage: probe OUT.json M,M,... KxN [KxN ...]
 // Times: a CUDA graph of kReps launches over the rotating buffers, replayed kRounds times;
-// the median replay, per launch (the same regime as jax_swiglu._tuning's replay).
+// the median replay, per launch (the same regime as jax_swiglu.tuning.measure's replay).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -50,15 +50,25 @@ Form StreamOnly() {
               std::to_string(kMinBlocks),
           8, &gemv_probe::LaunchGemvMma<1, kChunks, kUnroll, kMinBlocks, true>, false};
 }
+// The i-th gemv row of the product's table.
+constexpr int GemvRow(int i) {
+  for (int id = 0; id < jax_swiglu::kConfigCount; ++id) {
+    if (jax_swiglu::kConfigs[id].family == jax_swiglu::Family::Gemv && i-- == 0) return id;
+  }
+  return -1;
+}
+
 template <int ConfigId>
 Form CudaCores() {
+  static_assert(ConfigId >= 0, "no such gemv row");
   return {"cuda-cores config " + std::to_string(ConfigId),
-          jax_swiglu::kGemvConfigs[ConfigId].tile_m,
+          jax_swiglu::kConfigs[ConfigId].tile_m,
           &jax_swiglu::LaunchGemv<ConfigId, BF16, Activation::Silu>};
 }
 
 std::vector<Form> Forms() {
-  return {CudaCores<0>(), CudaCores<1>(), CudaCores<2>(), CudaCores<3>(),
+  return {CudaCores<GemvRow(0)>(), CudaCores<GemvRow(1)>(), CudaCores<GemvRow(2)>(),
+          CudaCores<GemvRow(3)>(),
           Mma<1, 2, 2, 1>(), Mma<1, 2, 2, 2>(), Mma<1, 2, 4, 1>(), Mma<1, 4, 2, 1>(),
           Mma<1, 1, 4, 2>(), Mma<2, 2, 2, 1>(), Mma<2, 2, 1, 2>(), Mma<4, 1, 1, 2>(),
           Mma<4, 2, 1, 1>(),

@@ -31,8 +31,8 @@
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/pipeline/pipeline.hpp>
 
-#include "../kernel_configs.h"
-#include "swiglu_epilogue.cuh"
+#include "../../kernel_configs.h"
+#include "../activations.cuh"
 
 namespace jax_swiglu {
 

@@ -14,7 +14,9 @@
 //
 // It implements the epilogue interface of CUTLASS's SM90 cooperative GemmUniversal kernel,
 // which calls it only for the work unit that completes a tile (after the stream-K fixup has
-// summed the partial accumulators).
+// summed the partial accumulators); the empty load side is EpilogueWithoutSource's. The fp8
+// kernel's form (Scaled) multiplies gate and up by their token's and packed column's scales
+// (epilogue/scales.cuh) before the activation.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -23,20 +25,24 @@
 #include <cutlass/numeric_conversion.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
-#include "../kernel_configs.h"
-#include "swiglu_epilogue.cuh"
+#include "../../kernel_configs.h"
+#include "../activations.cuh"
+#include "no_source.cuh"
+#include "scales.cuh"
 
 namespace jax_swiglu {
 
-// kScaled: the fp8 kernel's form: gate and up values are multiplied by their token's and
-// their packed column's scale (launch.h) before the activation.
 template <class ElementD_, class CtaTileShape_, Activation kActivation, bool kScaled = false>
-class SwapAbSwiGluEpilogue {
+class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
+  using Base = EpilogueWithoutSource<ElementD_>;
+
  public:
-  using ElementD = ElementD_;
-  using ElementC = void;  // no source tensor
-  using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
-  using StrideD = cute::Stride<int64_t, cute::_1, int64_t>;
+  using typename Base::ElementD;
+  using typename Base::LoadPipeline;
+  using typename Base::LoadPipelineState;
+  using typename Base::PipelineStorage;
+  using typename Base::StorePipeline;
+  using typename Base::StorePipelineState;
 
   // The CUTLASS tile is (packed columns, tokens, k).
   static constexpr int kTilePacked = cute::size<0>(CtaTileShape_{});
@@ -50,83 +56,35 @@ class SwapAbSwiGluEpilogue {
   static constexpr int kRowFloats = kTilePacked + 4;
   static_assert((2 * kRowFloats) % 32 == 8, "conflict-free accumulator writes");
 
-  using LoadPipeline = cutlass::PipelineTransactionAsync<0>;
-  using LoadPipelineState = cutlass::PipelineState<0>;
-  using StorePipeline = cutlass::PipelineTmaStore<0>;
-  using StorePipelineState = cutlass::PipelineState<0>;
-  static constexpr bool RequiresTransactionBytes = false;
-
   struct TensorStorage {
     alignas(16) float accumulators[kTileTokens * kRowFloats];
   };
-  using PipelineStorage = typename LoadPipeline::SharedStorage;
   // Shared memory the mainloop's stage count must leave free.
   static constexpr int kSharedBytes =
       static_cast<int>(sizeof(TensorStorage) + sizeof(PipelineStorage));
 
-  struct Arguments {
-    ElementD* ptr_d;  // [M, n] row-major
-    int n;            // output columns
-    // kScaled only: x_scale[M], and w_scale[packed column * w_scale_stride].
-    float const* x_scale = nullptr;
-    float const* w_scale = nullptr;
-    int w_scale_stride = 0;
-  };
+  using typename Base::Arguments;
   struct Params {
     ElementD* ptr_d;
     int n;
-    float const* x_scale;
-    float const* w_scale;
-    int w_scale_stride;
+    ScaleParams scales;
   };
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return {args.ptr_d, args.n, args.x_scale, args.w_scale, args.w_scale_stride};
-  }
-
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*,
-                                              cudaStream_t, cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
+    return {args.ptr_d, args.n, {args.x_scale, args.w_scale, args.w_scale_stride}};
   }
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
-    const int packed_n = cute::get<0>(problem_shape);
-    constexpr int kAlign = 16 / sizeof(ElementD);
-    return args.n > 0 && args.n % kAlign == 0 && 2 * args.n <= packed_n &&
-           reinterpret_cast<uintptr_t>(args.ptr_d) % 16 == 0;
+    return Base::OutputFits(static_cast<int>(cute::get<0>(problem_shape)), args);
   }
 
-  template <class CtaTileMNK>
-  CUTLASS_HOST_DEVICE static constexpr int get_load_pipe_increment(CtaTileMNK) {
-    return 1;
-  }
-  template <class CtaTileMNK>
-  CUTLASS_HOST_DEVICE static constexpr int get_store_pipe_increment(CtaTileMNK) {
-    return 1;
-  }
 
   CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const&) {}
 
   CUTLASS_HOST_DEVICE SwapAbSwiGluEpilogue(Params const& params, TensorStorage& /*shared*/)
       : params_(params) {}
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-
-  template <class... Ts>
-  CUTLASS_DEVICE LoadPipelineState load(LoadPipeline, LoadPipelineState state, Ts&&...) {
-    return state;
-  }
-  CUTLASS_DEVICE LoadPipelineState load_tail(LoadPipeline, LoadPipelineState state) {
-    return state;
-  }
 
   template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine,
             class AccLayout, class TiledMma>
@@ -177,7 +135,7 @@ class SwapAbSwiGluEpilogue {
       float x_scale = 1.0f;
       int gate_column = 0;
       if constexpr (kScaled) {
-        x_scale = __ldg(params_.x_scale + token0 + token);
+        x_scale = TokenScale(params_.scales, token0 + token);
         gate_column = static_cast<int>(packed_tile) * kTilePacked + static_cast<int>(gate - smem -
                                                                                    token * kRowFloats);
       }
@@ -187,12 +145,11 @@ class SwapAbSwiGluEpilogue {
         float2 g = *reinterpret_cast<const float2*>(gate + 8 * j);
         float2 u = *reinterpret_cast<const float2*>(up + 8 * j);
         if constexpr (kScaled) {
-          const int stride = params_.w_scale_stride;
           const int c = gate_column + 8 * j;
-          g.x *= x_scale * __ldg(params_.w_scale + c * stride);
-          g.y *= x_scale * __ldg(params_.w_scale + (c + 1) * stride);
-          u.x *= x_scale * __ldg(params_.w_scale + (c + kGateUpBlock) * stride);
-          u.y *= x_scale * __ldg(params_.w_scale + (c + kGateUpBlock + 1) * stride);
+          g.x *= x_scale * ColumnScale(params_.scales, c);
+          g.y *= x_scale * ColumnScale(params_.scales, c + 1);
+          u.x *= x_scale * ColumnScale(params_.scales, c + kGateUpBlock);
+          u.y *= x_scale * ColumnScale(params_.scales, c + kGateUpBlock + 1);
         }
         cutlass::Array<float, 2> value;
         value[0] = Activate<kActivation, false>(g.x) * u.x;

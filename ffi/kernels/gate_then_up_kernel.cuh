@@ -1,10 +1,11 @@
-// The pingpong fused SwiGLU kernel (Kernel-1 of the design).
+// The gate-then-up fused SwiGLU kernel (the paper's Kernel-1; the public kernel="pingpong").
 //
 // CUTLASS's SM90 TMA warp-specialized pingpong GemmUniversal kernel (a producer warp
 // loading with TMA; two consumer warpgroups alternating between a tile's mainloop and the
-// previous tile's epilogue) with our parts: the gate-then-up mainloop
-// (gate_then_up_mainloop.cuh) and the SwiGLU epilogue pairing gate and up accumulators
-// (SequentialPairs). The grid is the [M, N] output grid.
+// previous tile's epilogue: CUTLASS's pingpong schedule) with our parts: the gate-then-up
+// mainloop (mainloop/gate_then_up_mainloop.cuh), which accumulates an output tile's gate pass
+// and then its up pass, and the SwiGLU epilogue pairing the two accumulators
+// (SequentialPairs) with the TMA store. The grid is the [M, N] output grid.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,22 +20,28 @@
 
 #include "../kernel_configs.h"
 #include "../launch.h"
-#include "gate_then_up_mainloop.cuh"
+#include "epilogue/pairs.cuh"
+#include "epilogue/scales.cuh"
+#include "epilogue/swiglu_epilogue.cuh"
+#include "epilogue/tma_store.cuh"
 #include "launch_gemm.cuh"
-#include "swiglu_epilogue.cuh"
+#include "mainloop/gate_then_up_mainloop.cuh"
 
 namespace jax_swiglu {
 
 template <int ConfigId, class ElementTag, Activation kActivation>
-struct PingpongKernel {
-  static constexpr KernelConfig kConfig = kPingpongConfigs[ConfigId];
-  static_assert(kConfig.schedule == Schedule::Pingpong && kConfig.cluster_m == 1 &&
-                kConfig.cluster_n == 1 && kConfig.scheduler == TileScheduler::Persistent,
+struct GateThenUpAssembly {
+  static constexpr KernelConfig kConfig = kConfigs[ConfigId];
+  static_assert(kConfig.family == Family::GateThenUp && kConfig.schedule == Schedule::Pingpong &&
+                    kConfig.cluster_m == 1 && kConfig.cluster_n == 1 &&
+                    kConfig.scheduler == TileScheduler::Persistent,
                 "Kernel-1 runs the pingpong schedule without clusters, on whole tiles");
   using Element = typename CutlassElement<ElementTag>::type;
   using TileShape = cute::Shape<cute::Int<kConfig.tile_m>, cute::Int<kConfig.tile_n>,
                                 cute::Int<kConfig.tile_k>>;
-  using Epilogue = SwiGluEpilogue<Element, TileShape, SequentialPairs>;
+  using Epilogue = SwiGluEpilogue<
+      Element, TileShape, SequentialPairs,
+      TmaStore<Element, kConfig.tile_m, kConfig.tile_n, SequentialPairs>, NoScales>;
   static_assert(!Epilogue::kShiftedRows, "GateThenUpMainloop loads every tile at its own rows");
 
   // As many pipeline stages as fit beside the epilogue tile (and the kernel's barriers).
@@ -51,9 +58,9 @@ struct PingpongKernel {
 };
 
 template <int ConfigId, class ElementTag, Activation kActivation>
-typename PingpongKernel<ConfigId, ElementTag, kActivation>::Kernel::Arguments PingpongArguments(
+typename GateThenUpAssembly<ConfigId, ElementTag, kActivation>::Kernel::Arguments GateThenUpArguments(
     const SwigluProblem& p, const DeviceFacts& facts) {
-  using Assembly = PingpongKernel<ConfigId, ElementTag, kActivation>;
+  using Assembly = GateThenUpAssembly<ConfigId, ElementTag, kActivation>;
   using Element = typename Assembly::Element;
   return GemmArguments<typename Assembly::Kernel>(
       {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed), static_cast<int>(p.k), 1},
@@ -61,18 +68,18 @@ typename PingpongKernel<ConfigId, ElementTag, kActivation>::Kernel::Arguments Pi
 }
 
 template <int ConfigId, class ElementTag, Activation kActivation>
-std::string LaunchPingpong(const SwigluProblem& p, const DeviceFacts& facts,
+std::string LaunchGateThenUp(const SwigluProblem& p, const DeviceFacts& facts,
                            cudaStream_t stream) {
-  return LaunchGemm<typename PingpongKernel<ConfigId, ElementTag, kActivation>::Kernel>(
-      PingpongArguments<ConfigId, ElementTag, kActivation>(p, facts), p, facts, dim3(1, 1, 1),
-      stream, "pingpong");
+  return LaunchGemm<typename GateThenUpAssembly<ConfigId, ElementTag, kActivation>::Kernel>(
+      GateThenUpArguments<ConfigId, ElementTag, kActivation>(p, facts), p, facts, dim3(1, 1, 1),
+      stream, "gate-then-up");
 }
 
 template <int ConfigId, class ElementTag, Activation kActivation>
-size_t PingpongWorkspaceBytes(const SwigluProblem& p, const DeviceFacts& facts) {
-  using Kernel = typename PingpongKernel<ConfigId, ElementTag, kActivation>::Kernel;
+size_t GateThenUpWorkspaceBytes(const SwigluProblem& p, const DeviceFacts& facts) {
+  using Kernel = typename GateThenUpAssembly<ConfigId, ElementTag, kActivation>::Kernel;
   return Kernel::get_workspace_size(
-      PingpongArguments<ConfigId, ElementTag, kActivation>(p, facts));
+      GateThenUpArguments<ConfigId, ElementTag, kActivation>(p, facts));
 }
 
 }  // namespace jax_swiglu

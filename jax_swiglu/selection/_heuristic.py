@@ -1,0 +1,99 @@
+"""Step 4 of the engine: what the hardware alone says, where no measurement is near.
+
+* 16-bit operands: the cost model (_model.py) ranks every candidate launch from tiles, waves
+  on this GPU's SMs and bytes, with the XLA path predicted the same way.
+* e4m3 operands, which have no tuning data yet: a rule of waves. Few tokens (M up to the
+  largest swap-AB tile) stream the weights once, so the tensor cores' M side should be the
+  weights (swap-AB), with the smallest token tile that holds M (less shared memory per stage,
+  more stages in flight) and stream-K spreading the K loop over every SM whatever the tile
+  count. More tokens go on the M side in 128 x 128 tiles: whole waves of tiles over the SM
+  count run best on the persistent scheduler with 2x1 clusters (the weight tile multicast to
+  both CTAs); a ragged last wave (less than ``full_last_wave`` of the SMs busy in a call of at
+  most ``many_waves`` waves) is spread over every SM by stream-K instead. The rule picks among
+  the rows every build compiles; the Optional ones run when forced or autotuned.
+
+The constants of both come from a tuning data file (``model``): this GPU's, or another SM90
+part's.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import _launch, _layout
+from . import _model
+
+
+def _fmt(us: float) -> str:
+    return f"{us:.1f} us"
+
+
+def decide(problem, model: _model.Problem, candidates, device, data, xla_allowed: bool):
+    """The heuristic's Decision for ``problem`` among ``candidates`` on ``device``, with the
+    constants of ``data`` (a TuningData)."""
+    from ._engine import Decision
+
+    if data is None:
+        raise RuntimeError("jax_swiglu: no tuning data file is shipped, so the cost model has "
+                           "no constants; reinstall the package")
+    if problem.operands == "e4m3":
+        config, reason = waves_rule(problem.m, problem.n, device.sm_count, candidates,
+                                    data.heuristics["e4m3"])
+        return Decision(_launch.Launch(config.id), "heuristic", reason)
+    from ._engine import split_choices
+    by_key = {config.key: config for config in candidates}
+    predicted = model_alone(candidates, model, device, data.constants, split_choices)
+    (best_key, best_splits), best_us = min(predicted.items(), key=lambda item: item[1])
+    best_id = by_key[best_key].id
+    basis = f"the cost model alone on {device.sm_count} SMs (no measurement near)"
+    label = f"config {best_id}" + (f" (split {best_splits})" if best_splits > 1 else "")
+    if xla_allowed and _model.xla_us(model, device.sm_count, device.dram_bytes_per_s,
+                                     data.constants) < best_us:
+        return Decision(None, "heuristic", f"XLA predicted faster than {label} ({basis})")
+    others = sorted((us, key) for key, us in predicted.items() if key != (best_key, best_splits))
+    runner_up = ""
+    if others:
+        (other_key, other_splits) = others[0][1]
+        other_id = by_key[other_key].id
+        runner_up = (f"; next config {other_id}" + (f" (split {other_splits})" if other_splits > 1
+                                                     else "") + f" {_fmt(others[0][0])}")
+    return Decision(_launch.Launch(best_id, best_splits), "heuristic",
+                    f"predicted {_fmt(best_us)}{runner_up} ({basis})")
+
+
+def model_alone(candidates, model: _model.Problem, device, constants, splits_of) -> dict:
+    """The cost model's time of every candidate launch, {(config key, splits): us}: stream-K
+    configs with their own decomposition, the gemv kernel at each of its cluster sizes
+    ``splits_of(config, k)`` (its only way to fill the SMs)."""
+    return {(config.key, splits): _model.launch_us(config, splits, model, device.sm_count,
+                                                   device.dram_bytes_per_s, constants)
+            for config in candidates
+            for splits in (splits_of(config, model.k) if config.is_gemv else (1,))}
+
+
+def waves_rule(m: int, n: int, sm_count: int, candidates, constants: dict):
+    """The e4m3 rule of the module docstring among ``candidates`` (rows that can run the
+    problem; only the rows every build compiles are considered): (config, reason)."""
+    rows = [c for c in candidates if not c.optional]
+    swap = sorted((c for c in rows if c.m_side == "weights" and not c.is_gemv),
+                  key=lambda c: c.tile_m)
+    fitting = [c for c in swap if c.tile_m >= m]
+    if fitting:
+        c = fitting[0]
+        return c, (f"M={m} tokens fit one swap-AB tile of {c.tile_m}: the weights stream once "
+                   f"over all {sm_count} SMs (stream-K)")
+    tokens = [c for c in rows if c.m_side == "tokens"]
+    persistent = next(c for c in tokens if c.scheduler == "persistent")
+    stream_k = next((c for c in tokens if c.scheduler == "stream-k"), None)
+    tiles = math.ceil(m / persistent.tile_m) * math.ceil(2 * _layout.padded_n(n)
+                                                          / persistent.tile_n)
+    waves = tiles / sm_count
+    last = tiles % sm_count
+    fill = 1.0 if last == 0 else last / sm_count
+    if (stream_k is None or waves > constants["many_waves"]
+            or fill >= constants["full_last_wave"]):
+        return persistent, (f"{tiles} tiles of {persistent.tile_m}x{persistent.tile_n} are "
+                            f"{waves:.2f} waves on {sm_count} SMs: persistent")
+    return stream_k, (f"{tiles} tiles of {stream_k.tile_m}x{stream_k.tile_n} are "
+                      f"{waves:.2f} waves on {sm_count} SMs, the last {fill:.0%} full: "
+                      "stream-K spreads it")

@@ -1,0 +1,122 @@
+"""``jax_swiglu.autotune``: measure the candidates for your shapes on your GPU, once.
+
+The shipped tuning data covers the shapes and M it was calibrated on and predicts the rest;
+autotune measures instead. For each problem it times every compiled candidate launch
+through the extension (no compilation per candidate), then the fastest few and the XLA path
+through JAX as a model would run them, and stores the winner in the autotune cache
+(``JAX_SWIGLU_CACHE_DIR``), which the selection consults before anything else. Calls on
+16-bit and on fp8 (e4m3) weights alike. The FFI handler never tunes: only this function,
+and ``python -m jax_swiglu.tune``, do.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .. import _layout, _primitive, _quantize, _reference, selection
+from .._version import __version__
+from ..selection import _cache, _device
+from . import measure
+
+
+def _problems_of_function(fn, *args, **kwargs) -> list[selection.Problem]:
+    """The problem of every jax_swiglu call ``fn(*args, **kwargs)`` makes, as traced."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive is _primitive.swiglu_p:
+                params = eqn.params
+                x = eqn.invars[0].aval
+                weights = eqn.invars[1 if params["weights"] == "packed" else 2].aval
+                found.append(selection.Problem(
+                    x.shape[0], params["n"], x.shape[1], params["out_dtype"],
+                    _primitive.operands_of(params["weights"], weights.dtype),
+                    params["activation"]))
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jax.make_jaxpr(fn)(*args, **kwargs).jaxpr)
+    return list(dict.fromkeys(found))
+
+
+def _problem_of_call(x, weights, activation: str) -> selection.Problem:
+    m = math.prod(x.shape[:-1])
+    if isinstance(weights, _quantize.QuantizedWeights):
+        return selection.Problem(m, weights.n, weights.k,
+                                 _reference.fp8_output_dtype(x.dtype).name,
+                                 _primitive.operands_of("fp8", weights.dtype), activation)
+    weights = _layout.as_packed(weights, "packed")
+    return selection.Problem(m, weights.n, weights.k, jnp.dtype(x.dtype).name, "16bit",
+                             activation)
+
+
+def autotune(*args, problems=None, dtype=jnp.bfloat16, kernel: str | None = None,
+             samples: int = 5, finalists: int = 3, **kwargs) -> list[dict]:
+    """Times the candidates for some calls on this GPU and caches the fastest.
+
+        jax_swiglu.autotune(x, weights)                # one call (arrays or ShapeDtypeStructs;
+                                                       # PackedWeights or QuantizedWeights)
+        jax_swiglu.autotune(model_fn, params, x)       # every swiglu call model_fn makes
+        jax_swiglu.autotune(problems=[(m, n, k), ...], dtype=jnp.bfloat16)
+
+    ``kernel`` restricts the candidates to one fused family ("interleaved",
+    "gate_then_up" or "gemv"). Returns one record per problem: its launch ("xla" or a
+    tuning-data launch id), the times measured, and whether the cache file was written.
+    Needs a local SM90 GPU.
+    """
+    why = selection.kernels_unusable_reason()
+    if why is not None:
+        raise RuntimeError(f"jax_swiglu.autotune needs an SM90 GPU and the kernels: {why}")
+    family = None if kernel is None else selection.canonical_kernel(kernel)
+    if family in ("auto", "xla"):
+        family = None
+    if problems is not None:
+        if args:
+            raise TypeError("autotune takes either calls (positional) or problems=, not both")
+        todo = [selection.Problem(int(m), int(n), int(k), jnp.dtype(dtype).name)
+                for m, n, k in problems]
+    elif args and callable(args[0]):
+        todo = _problems_of_function(args[0], *args[1:], **kwargs)
+    elif len(args) == 2:
+        todo = [_problem_of_call(*args, kwargs.pop("activation", "silu"))]
+    else:
+        raise TypeError("autotune(x, weights), autotune(fn, *args) or autotune(problems=[...])")
+
+    device = _device.local_device()
+    cache = _cache.cache(__version__)
+    records = []
+    for problem in todo:
+        if problem.m == 0:
+            continue
+        launches = measure.candidate_launches(problem, kernel=family)
+        if not launches:
+            raise RuntimeError(f"no compiled candidate runs {problem}")
+        native = measure.time_launches(problem, launches, samples=samples)
+        valid = sorted((r["us"], name) for name, r in native.items()
+                       if r["error"] is None and r["us"])
+        if not valid:
+            raise RuntimeError(f"no candidate ran {problem}: "
+                               + "; ".join(f"{name}: {r['error']}" for name, r in native.items()))
+        by_id = {measure.launch_id(launch): launch for launch in launches}
+        best = [by_id[name] for _, name in valid[:finalists]]
+        through_jax = measure.time_through_jax(problem, best, xla=family is None)
+        winner = min(through_jax, key=through_jax.get)
+        record = {"launch": winner, "us": through_jax[winner],
+                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                      timespec="seconds"),
+                  "native_us": {name: r["us"] for name, r in native.items()},
+                  "cupti_us": through_jax}
+        written = cache.store(device.fingerprint, problem.data_dtype, problem.m, problem.n,
+                              problem.k, record)
+        records.append({"m": problem.m, "n": problem.n, "k": problem.k,
+                        "dtype": problem.dtype, "operands": problem.operands, **record,
+                        "cached": written, "cache_dir": cache.directory})
+    return records

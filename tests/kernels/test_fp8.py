@@ -1,0 +1,59 @@
+"""The e4m3 rows' special cases, on an SM90 GPU: one scale for all, fp8 x with its own
+scales, every promotion interval a row takes, the HLO naming the fp8 kernel, and the inputs
+left as they were. (Every e4m3 row runs the suite of test_base.py too, with criterion.py's
+fp8 allowance.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_swiglu import Launch, quantize_tokens, swiglu
+
+from criterion import check, inputs, rows
+
+FP8_ROWS = [r.id for r in rows(operands="e4m3")]
+
+
+@pytest.mark.parametrize("config", FP8_ROWS)
+@pytest.mark.parametrize("m, k, n", [(1, 64, 8), (63, 144, 200), (300, 2048, 72)])
+def test_one_scale_for_all(config, m, k, n, key):
+    check(m, k, n, key, launch=Launch(config), operands="e4m3", scale="per_tensor")
+
+
+@pytest.mark.parametrize("config", FP8_ROWS)
+@pytest.mark.parametrize("promotion", [2, 4, 8, 16])
+def test_every_promotion_a_row_takes(config, promotion, key):
+    row = [r for r in rows(operands="e4m3") if r.id == config][0]
+    if promotion % (row.tile_k // 32):
+        pytest.skip(f"config {config} promotes after whole k tiles of {row.tile_k // 32} wgmma")
+    m = 16 if row.m_side == "weights" else 1000
+    check(m, 2560, 9728, key, launch=Launch(config, promotion=promotion), operands="e4m3")
+
+
+@pytest.mark.parametrize("m", [1, 64, 2048])
+def test_float16_output(m, key):
+    check(m, 1024, 2816, key, operands="e4m3", dtype=jnp.float16)
+
+
+def test_fp8_x_with_its_scales_is_the_same_call(key):
+    x, q = inputs(key, 48, 1024, 2816, jnp.dtype(jnp.bfloat16), "e4m3")
+    x_q, x_scale = quantize_tokens(x)
+    a = jax.jit(lambda x, q: swiglu(x, q))(x, q)
+    b = jax.jit(lambda x_q, s, q: swiglu(x_q, q, x_scale=s))(x_q, x_scale, q)
+    assert b.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+def test_the_hlo_names_the_fp8_kernel(key):
+    x, q = inputs(key, 8, 1024, 2816, jnp.dtype(jnp.bfloat16), "e4m3")
+    hlo = jax.jit(lambda x, q: swiglu(x, q)).lower(x, q).as_text()
+    assert "jax_swiglu_interleaved_fp8_silu_bf16" in hlo
+
+
+def test_inputs_are_not_modified(key):
+    x, q = inputs(key, 16, 1024, 2816, jnp.dtype(jnp.bfloat16), "e4m3")
+    before = [np.asarray(a).copy() for a in (x, q.data, q.scales)]
+    jax.block_until_ready(jax.jit(lambda x, q: swiglu(x, q))(x, q))
+    for a, b in zip(before, (x, q.data, q.scales)):
+        np.testing.assert_array_equal(a.view(np.uint8), np.asarray(b).view(np.uint8))
