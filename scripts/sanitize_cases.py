@@ -162,7 +162,7 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
         # the kernel skips stays NaN (see tests/gpu/test_kernels.py).
         return jax.jit(
             lambda poison, x, data: jax_swiglu.swiglu(
-                x, jax_swiglu.PackedWeights(data, n), kernel=kernel),
+                x, jax_swiglu.PackedWeights.from_packed_data(data, n), kernel=kernel),
             donate_argnums=0, keep_unused=True)
 
     data = {}

@@ -52,7 +52,7 @@ def fused_forward(x, gate_up, down, n: int, *, dtype, kernel: str, activation: s
     The casts are no-ops when the weights are stored in ``dtype``; otherwise each call
     converts the whole packed and down matrices (reads and writes every weight once more).
     """
-    packed = _layout.PackedWeights(gate_up.astype(dtype), n)
+    packed = _layout.PackedWeights.from_packed_data(gate_up.astype(dtype), n)
     return fused_mlp(jnp.asarray(x).astype(dtype), packed, down.astype(dtype), kernel=kernel,
                      activation=activation)
 
@@ -114,7 +114,7 @@ def unfuse_params(params: Mapping) -> dict:
         raise ValueError(
             f"fused kernels do not fit together: gate_up_proj {tuple(gate_up.shape)} must be "
             f"[K, 2*N_pad] and down_proj {tuple(down.shape)} must be [N, K]")
-    gate, up = _layout.unpack_weights(_layout.PackedWeights(gate_up, down.shape[0]))
+    gate, up = _layout.unpack_weights(_layout.PackedWeights.from_packed_data(gate_up, down.shape[0]))
     return {"gate_proj": {"kernel": gate}, "up_proj": {"kernel": up},
             "down_proj": {"kernel": down}}
 

@@ -207,7 +207,7 @@ class FusedSwiGLUMLP(nnx.Module):
 
     def packed_weights(self) -> _layout.PackedWeights:
         """The stored gate/up weights as :class:`jax_swiglu.PackedWeights` (in ``param_dtype``)."""
-        return _layout.PackedWeights(self.gate_up_proj.kernel[...], self.intermediate_size)
+        return _layout.PackedWeights.from_packed_data(self.gate_up_proj.kernel[...], self.intermediate_size)
 
     def explain(self, x, *, platform: str | None = None) -> str:
         """Which kernel a call on ``x`` (an array or ``jax.ShapeDtypeStruct``) would run.
@@ -217,7 +217,7 @@ class FusedSwiGLUMLP(nnx.Module):
         """
         x = jax.ShapeDtypeStruct(x.shape, self.dtype)
         data = jax.ShapeDtypeStruct(self.gate_up_proj.kernel.shape, self.dtype)
-        return _api.explain(x, _layout.PackedWeights(data, self.intermediate_size),
+        return _api.explain(x, _layout.PackedWeights.from_packed_data(data, self.intermediate_size),
                             kernel=self.kernel, activation=self.activation, platform=platform)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -289,7 +289,7 @@ class Fp8SwiGLUMLP(nnx.Module):
     def quantized_weights(self):
         """The stored gate/up weights as :class:`jax_swiglu.QuantizedWeights`."""
         from .. import _quantize
-        return _quantize.QuantizedWeights(self.gate_up_data[...], self.gate_up_scales[...],
+        return _quantize.QuantizedWeights.from_packed_data(self.gate_up_data[...], self.gate_up_scales[...],
                                           self.intermediate_size, self.scale_mode)
 
     def explain(self, x, *, platform: str | None = None) -> str:
