@@ -153,9 +153,9 @@ def test_hf_dict_form_is_nn_s(key):
                "up_proj.weight": _random(ku, (40, 64), jnp.bfloat16),
                "down_proj.weight": _random(kd, (64, 40), jnp.bfloat16)}
     fused = convert.fuse_hf_weights(weights)
-    _assert_same(fused["gate_up_proj"]["kernel"],
-                 nn.fuse_hf_weights(weights)["gate_up_proj"]["kernel"])
-    _assert_same(fused["gate_up_proj"]["kernel"],
+    _assert_same(fused["gate_up_packed"]["kernel"],
+                 nn.fuse_hf_weights(weights)["gate_up_packed"]["kernel"])
+    _assert_same(fused["gate_up_packed"]["kernel"],
                  convert.pack_hf(weights["gate_proj.weight"], weights["up_proj.weight"]).data)
     for name, tensor in convert.fused_to_hf_weights(fused).items():
         _assert_same(tensor, weights[name])

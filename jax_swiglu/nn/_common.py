@@ -1,4 +1,4 @@
-"""What the nnx and linen modules share: the two param layouts, conversion, the forward math.
+"""What the nnx and linen modules share: the param layouts, conversion, the forward math.
 
 The block is ``down(act(gate(x)) * up(x))`` with ``act`` SiLU (SwiGLU) or GELU's tanh form
 (GeGLU, Gemma), the modules' ``activation`` (see :data:`jax_swiglu.ACTIVATIONS`).
@@ -6,11 +6,16 @@ The block is ``down(act(gate(x)) * up(x))`` with ``act`` SiLU (SwiGLU) or GELU's
 Param layouts (plain nested dicts of arrays, as ``nnx.to_pure_dict(nnx.state(m, nnx.Param))``
 and linen's ``variables["params"]`` give them; K = hidden size, N = intermediate size)::
 
-    unfused  {"gate_proj": {"kernel": [K, N]}, "up_proj": {"kernel": [K, N]},
-              "down_proj": {"kernel": [N, K]}}                        3*K*N parameters
-    fused    {"gate_up_proj": {"kernel": [K, 2*N_pad]},               (packed, see _layout)
-              "down_proj": {"kernel": [N, K]}}                 2*K*N_pad + N*K parameters
+    unfused       {"gate_proj": {"kernel": [K, N]}, "up_proj": {"kernel": [K, N]},
+                   "down_proj": {"kernel": [N, K]}}                      3*K*N parameters
+    concatenated  {"gate_up_proj": {"kernel": [K, 2*N]},      (gate in columns :N, then up)
+                   "down_proj": {"kernel": [N, K]}}                      3*K*N parameters
+    fused         {"gate_up_packed": {"kernel": [K, 2*N_pad]},         (packed, see _layout)
+                   "down_proj": {"kernel": [N, K]}}               2*K*N_pad + N*K parameters
 
+The concatenated layout is what Phi-3 and vLLM call ``gate_up_proj`` (as [in, out]); it is an
+*input* layout here, read by name. The packed matrix has its own name, ``gate_up_packed``, so
+a concatenation is never taken for it (the two have the same shape when N is a multiple of 32).
 ``N_pad`` is N rounded up to 32; the pad columns are zeros. Kernels are [in, out], as in
 ``nnx.Linear`` and ``linen.Dense``; Hugging Face checkpoints store [out, in].
 """
@@ -28,12 +33,22 @@ from .._reference import check_activation, swiglu_reference
 # Logical axis names of the parameters, for flax's logical sharding rules.
 EMBED = "embed"  # hidden size K
 MLP = "mlp"  # intermediate size N (packed gate/up pairs stay together along it)
-GATE_UP_AXES = (EMBED, MLP)  # gate_proj, up_proj and the packed gate_up_proj
+GATE_UP_AXES = (EMBED, MLP)  # gate_proj, up_proj and the packed gate_up_packed
 DOWN_AXES = (MLP, EMBED)
 
 UNFUSED_KEYS = ("gate_proj", "up_proj", "down_proj")
-FUSED_KEYS = ("gate_up_proj", "down_proj")
+CONCATENATED_KEYS = ("gate_up_proj", "down_proj")
+FUSED_KEYS = ("gate_up_packed", "down_proj")
 HF_KEYS = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+HF_CONCATENATED_KEYS = ("gate_up_proj.weight", "down_proj.weight")
+
+CONCATENATED_IS_NOT_PACKED = (
+    "gate_up_proj names the concatenation [gate | up] ([K, 2N], gate first: Phi-3's and "
+    "vLLM's gate_up_proj), an unfused layout; the fused params hold the packed matrix as "
+    "gate_up_packed. Convert a concatenation with jax_swiglu.nn.fuse_params(params) (or "
+    "FusedSwiGLUMLP.from_unfused on the module). Params saved by jax_swiglu 0.2, whose fused "
+    "modules named their packed matrix gate_up_proj, load after renaming that key to "
+    "gate_up_packed")
 
 
 def check_kernel_dtype(dtype) -> None:
@@ -49,6 +64,7 @@ def check_kernel_dtype(dtype) -> None:
 def fused_forward(x, gate_up, down, n: int, *, dtype, kernel: str, activation: str = "silu"):
     """``down(act(gate(x)) * up(x))`` through :func:`jax_swiglu.fused_mlp`, in ``dtype``.
 
+    ``gate_up`` is the modules' own ``gate_up_packed`` kernel, packed when it was stored.
     The casts are no-ops when the weights are stored in ``dtype``; otherwise each call
     converts the whole packed and down matrices (reads and writes every weight once more).
     """
@@ -85,36 +101,74 @@ def _cast(array, dtype):
     return array if dtype is None else array.astype(dtype)
 
 
-def fuse_params(params: Mapping, *, dtype=None) -> dict:
-    """Unfused params (``gate_proj``/``up_proj``/``down_proj`` kernels, [in, out]) -> fused.
+def check_fused_keys(params: Mapping) -> None:
+    """Refuses, with what to do, params of another layout where fused ones are expected."""
+    if not isinstance(params, Mapping) or "gate_up_packed" in params:
+        return
+    if "gate_up_proj" in params:
+        raise ValueError(f"expected fused MLP params (gate_up_packed, down_proj): "
+                         f"{CONCATENATED_IS_NOT_PACKED}")
+    if "gate_proj" in params or "up_proj" in params:
+        raise ValueError("expected fused MLP params (gate_up_packed, down_proj), got unfused "
+                         "ones (gate_proj, up_proj): convert them with jax_swiglu.nn.fuse_params")
 
-    Packs gate and up once (:func:`jax_swiglu.pack_weights`); ``down_proj`` is kept as is.
-    ``dtype`` optionally casts all three; without it the round trip through
-    :func:`unfuse_params` is exact.
+
+def fuse_params(params: Mapping, *, dtype=None) -> dict:
+    """Unfused params (kernels [in, out]) -> fused.
+
+    ``params`` holds ``gate_proj``, ``up_proj`` and ``down_proj`` kernels, or ``gate_up_proj``
+    (the concatenation ``[gate | up]``, ``[K, 2N]``, as Phi-3 and vLLM store it) and
+    ``down_proj``. Gate and up are packed once (:func:`jax_swiglu.pack_weights`) into
+    ``gate_up_packed``; ``down_proj`` is kept as is. ``dtype`` optionally casts all of them;
+    without it the round trip through :func:`unfuse_params` is exact.
     """
-    gate = kernel_of(params, "gate_proj", "unfused")
-    up = kernel_of(params, "up_proj", "unfused")
-    down = _cast(kernel_of(params, "down_proj", "unfused"), dtype)
-    packed = _layout.pack_weights(gate, up, dtype=dtype)
+    if isinstance(params, Mapping) and "gate_up_packed" in params:
+        raise ValueError("these params are fused already (they hold gate_up_packed); "
+                         "fuse_params takes gate_proj/up_proj/down_proj or gate_up_proj/down_proj")
+    if isinstance(params, Mapping) and "gate_up_proj" in params:
+        if "gate_proj" in params or "up_proj" in params:
+            raise ValueError("params hold both gate_up_proj and gate_proj/up_proj; which is "
+                             "the block's? Pass one layout")
+        gate_up = kernel_of(params, "gate_up_proj", "concatenated")
+        try:
+            packed = _layout.pack_weights(gate_up, layout="concatenated", dtype=dtype)
+        except ValueError as error:
+            raise ValueError(f"gate_up_proj kernel: {error}") from None
+        layout = "concatenated"
+    else:
+        gate = kernel_of(params, "gate_proj", "unfused")
+        up = kernel_of(params, "up_proj", "unfused")
+        packed = _layout.pack_weights(gate, up, dtype=dtype)
+        layout = "unfused"
+    down = _cast(kernel_of(params, "down_proj", layout), dtype)
     if down.shape != (packed.n, packed.k):
         raise ValueError(
             f"down_proj kernel must be [N, K] = [{packed.n}, {packed.k}] for gate/up kernels "
             f"[{packed.k}, {packed.n}], got {tuple(down.shape)}")
-    return {"gate_up_proj": {"kernel": packed.data}, "down_proj": {"kernel": down}}
+    return {"gate_up_packed": {"kernel": packed.data}, "down_proj": {"kernel": down}}
 
 
-def unfuse_params(params: Mapping) -> dict:
-    """Fused params -> unfused (``gate_proj``/``up_proj``/``down_proj`` kernels, [in, out]).
+def unfuse_params(params: Mapping, *, layout: str = "separate") -> dict:
+    """Fused params -> unfused, kernels [in, out]: the exact inverse of :func:`fuse_params`.
 
-    The exact inverse of :func:`fuse_params` (no dtype change); N comes from ``down_proj``.
+    ``layout="separate"`` (the default) gives ``gate_proj``/``up_proj``/``down_proj``;
+    ``"concatenated"`` gives ``gate_up_proj`` (``[gate | up]``, ``[K, 2N]``) and
+    ``down_proj``. No dtype changes; N comes from ``down_proj``.
     """
-    gate_up = jnp.asarray(kernel_of(params, "gate_up_proj", "fused"))
+    if layout not in ("separate", "concatenated"):
+        raise ValueError(f"layout must be 'separate' or 'concatenated', got {layout!r}")
+    check_fused_keys(params)
+    gate_up = jnp.asarray(kernel_of(params, "gate_up_packed", "fused"))
     down = jnp.asarray(kernel_of(params, "down_proj", "fused"))
     if down.ndim != 2 or gate_up.ndim != 2 or down.shape[1] != gate_up.shape[0]:
         raise ValueError(
-            f"fused kernels do not fit together: gate_up_proj {tuple(gate_up.shape)} must be "
+            f"fused kernels do not fit together: gate_up_packed {tuple(gate_up.shape)} must be "
             f"[K, 2*N_pad] and down_proj {tuple(down.shape)} must be [N, K]")
-    gate, up = _layout.unpack_weights(_layout.PackedWeights.from_packed_data(gate_up, down.shape[0]))
+    packed = _layout.PackedWeights.from_packed_data(gate_up, down.shape[0])
+    if layout == "concatenated":
+        return {"gate_up_proj": {"kernel": _layout.unpack_weights(packed, layout=layout)},
+                "down_proj": {"kernel": down}}
+    gate, up = _layout.unpack_weights(packed)
     return {"gate_proj": {"kernel": gate}, "up_proj": {"kernel": up},
             "down_proj": {"kernel": down}}
 
@@ -123,21 +177,26 @@ def fuse_hf_weights(weights: Mapping, *, dtype=None) -> dict:
     """Hugging Face MLP tensors ([out, in]) -> fused params.
 
     ``weights`` holds ``"gate_proj.weight"`` [N, K], ``"up_proj.weight"`` [N, K] and
-    ``"down_proj.weight"`` [K, N] as numpy or JAX arrays: one layer's ``...mlp.`` entries
-    of a Qwen2.5/Llama state dict with that prefix removed.
+    ``"down_proj.weight"`` [K, N] as numpy or JAX arrays, or Phi-3's
+    ``"gate_up_proj.weight"`` [2N, K] (gate rows first) instead of the first two: one
+    layer's ``...mlp.`` entries of a Qwen2.5/Llama/Phi-3 state dict with that prefix removed.
     """
-    missing = [key for key in HF_KEYS if key not in weights]
+    if "gate_up_proj.weight" in weights:
+        keys, unfused_keys = HF_CONCATENATED_KEYS, CONCATENATED_KEYS
+    else:
+        keys, unfused_keys = HF_KEYS, UNFUSED_KEYS
+    missing = [key for key in keys if key not in weights]
     if missing:
         raise ValueError(f"Hugging Face MLP weights lack {missing}; got keys {sorted(weights)}")
-    gate, up, down = (jnp.asarray(weights[key]).T for key in HF_KEYS)
-    return fuse_params({"gate_proj": {"kernel": gate}, "up_proj": {"kernel": up},
-                        "down_proj": {"kernel": down}}, dtype=dtype)
+    return fuse_params({name: {"kernel": jnp.asarray(weights[key]).T}
+                        for name, key in zip(unfused_keys, keys)}, dtype=dtype)
 
 
-def fused_to_hf_weights(params: Mapping) -> dict:
-    """Fused params -> Hugging Face MLP tensors ([out, in]); inverse of :func:`fuse_hf_weights`."""
-    unfused = unfuse_params(params)
-    return {f"{name}.weight": unfused[name]["kernel"].T for name in UNFUSED_KEYS}
+def fused_to_hf_weights(params: Mapping, *, layout: str = "separate") -> dict:
+    """Fused params -> Hugging Face MLP tensors ([out, in]); inverse of :func:`fuse_hf_weights`
+    (``layout="concatenated"`` gives Phi-3's ``gate_up_proj.weight``)."""
+    unfused = unfuse_params(params, layout=layout)
+    return {f"{name}.weight": kernel["kernel"].T for name, kernel in unfused.items()}
 
 
 # --- whole param trees ----------------------------------------------------------------------
@@ -147,23 +206,30 @@ def _is_block(node, keys) -> bool:
         isinstance(node.get(key), Mapping) and "kernel" in node[key] for key in keys)
 
 
-def _swap_blocks(tree, keys, convert, what: str):
+def _holds_block(node, keys) -> bool:
+    return isinstance(node, Mapping) and (
+        _is_block(node, keys) or any(_holds_block(child, keys) for child in node.values()))
+
+
+def _swap_blocks(tree, layouts, convert, what: str, hint: str = ""):
     found = 0
 
     def walk(node):
         nonlocal found
         if not isinstance(node, Mapping):
             return node
-        if _is_block(node, keys):
-            found += 1
-            # Other entries of the block (a norm, say) stay; only the MLP kernels change.
-            rest = {name: walk(child) for name, child in node.items() if name not in keys}
-            return {**rest, **convert({key: node[key] for key in keys})}
+        for keys in layouts:
+            if _is_block(node, keys):
+                found += 1
+                # Other entries of the block (a norm, say) stay; only the MLP kernels change.
+                rest = {name: walk(child) for name, child in node.items() if name not in keys}
+                return {**rest, **convert({key: node[key] for key in keys})}
         return {name: walk(child) for name, child in node.items()}
 
     swapped = walk(tree)
     if not found:
-        raise ValueError(f"found no {what} MLP block (a dict holding {list(keys)}) in the tree")
+        blocks = " or ".join(str(list(keys)) for keys in layouts)
+        raise ValueError(f"found no {what} MLP block (a dict holding {blocks}) in the tree{hint}")
     return swapped
 
 
@@ -171,13 +237,18 @@ def fuse_mlp_blocks(tree: Mapping, *, dtype=None) -> dict:
     """Swaps every unfused MLP block in a nested param dict for the fused layout.
 
     A block is any dict holding ``gate_proj``, ``up_proj`` and ``down_proj`` dicts with a
-    ``kernel``; its other entries are kept. Returns a new tree of plain dicts; raises
-    ValueError if no block matched (a different naming, say).
+    ``kernel``, or ``gate_up_proj`` (the concatenation ``[gate | up]``) and ``down_proj``;
+    its other entries are kept. Returns a new tree of plain dicts; raises ValueError if no
+    block matched (a different naming, say).
     """
-    return _swap_blocks(tree, UNFUSED_KEYS, lambda block: fuse_params(block, dtype=dtype),
-                        "unfused")
+    return _swap_blocks(tree, (UNFUSED_KEYS, CONCATENATED_KEYS),
+                        lambda block: fuse_params(block, dtype=dtype), "unfused")
 
 
-def unfuse_mlp_blocks(tree: Mapping) -> dict:
-    """Inverse of :func:`fuse_mlp_blocks`: every fused block back to gate/up/down, for export."""
-    return _swap_blocks(tree, FUSED_KEYS, unfuse_params, "fused")
+def unfuse_mlp_blocks(tree: Mapping, *, layout: str = "separate") -> dict:
+    """Inverse of :func:`fuse_mlp_blocks`: every fused block back to gate/up/down (or, with
+    ``layout="concatenated"``, to gate_up_proj/down_proj), for export."""
+    hint = (f"; it holds gate_up_proj blocks: {CONCATENATED_IS_NOT_PACKED}"
+            if _holds_block(tree, CONCATENATED_KEYS) else "")
+    return _swap_blocks(tree, (FUSED_KEYS,), lambda block: unfuse_params(block, layout=layout),
+                        "fused", hint)

@@ -78,10 +78,11 @@ class FusedSwiGLUMLP(nn.Module):
     """Drop-in for :class:`SwiGLUMLP` through :func:`jax_swiglu.fused_mlp`.
 
     ``init`` packs gate and up once; ``apply`` uses the packed weights as stored. Params,
-    2*K*N_pad + N*K in all (N_pad = N rounded up to 32): ``gate_up_proj.kernel``
+    2*K*N_pad + N*K in all (N_pad = N rounded up to 32): ``gate_up_packed.kernel``
     [K, 2*N_pad] ``('embed', 'mlp')`` (gate/up interleaved in 32-column blocks) and
     ``down_proj.kernel`` [N, K] ``('mlp', 'embed')``. Use :func:`jax_swiglu.nn.fuse_params`
-    to turn :class:`SwiGLUMLP` params (or a checkpoint's) into these.
+    to turn :class:`SwiGLUMLP` params, a ``gate_up_proj`` concatenation ``[gate | up]`` or a
+    checkpoint's into these; params of another layout are refused, never read as packed.
 
     Attributes:
       intermediate_size: N (K and N multiples of 8).
@@ -106,6 +107,8 @@ class FusedSwiGLUMLP(nn.Module):
         _common.check_kernel_dtype(self.dtype)
         selection.check_kernel_name(self.kernel)
         _common.check_activation(self.activation)
+        if not self.is_initializing():
+            _common.check_fused_keys(self.variables.get("params", {}))
         k, n = x.shape[-1], self.intermediate_size
 
         def init_gate_up(key):
@@ -116,7 +119,7 @@ class FusedSwiGLUMLP(nn.Module):
         def init_down(key):
             return self.kernel_init(key, (n, k), self.param_dtype)
 
-        gate_up = Projection(init_gate_up, _common.GATE_UP_AXES, name="gate_up_proj")()
+        gate_up = Projection(init_gate_up, _common.GATE_UP_AXES, name="gate_up_packed")()
         down = Projection(init_down, _common.DOWN_AXES, name="down_proj")()
         return _common.fused_forward(x, gate_up, down, n, dtype=self.dtype, kernel=self.kernel,
                                      activation=self.activation)

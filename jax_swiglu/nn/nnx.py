@@ -46,6 +46,8 @@ def _weights(params: Mapping | None, rngs: nnx.Rngs | None, draw: Callable[[nnx.
         raise TypeError("pass exactly one of rngs= (random weights) and params= (given weights)")
     if params is None:
         params = draw(rngs)
+    elif layout == "fused":
+        _common.check_fused_keys(params)
     kernels = {}
     for name, shape in shapes.items():
         kernel = jnp.asarray(_common.kernel_of(params, name, layout))
@@ -129,9 +131,11 @@ class FusedSwiGLUMLP(nnx.Module):
     Params, 2*K*N_pad + N*K in all (N_pad = N rounded up to 32; 3*K*N when N is a multiple
     of 32, as for every Qwen2.5 size), with logical axis names:
 
-    * ``gate_up_proj.kernel`` [K, 2*N_pad], ``('embed', 'mlp')``: gate and up interleaved in
-      32-column blocks, so a shard of the ``mlp`` axis in multiples of 64 columns keeps
-      each gate column beside its up column.
+    * ``gate_up_packed.kernel`` [K, 2*N_pad], ``('embed', 'mlp')``: gate and up interleaved
+      in 32-column blocks, so a shard of the ``mlp`` axis in multiples of 64 columns keeps
+      each gate column beside its up column. (Not ``gate_up_proj``: that name means the
+      plain concatenation ``[gate | up]``, which :meth:`from_unfused` and
+      :func:`jax_swiglu.nn.fuse_params` convert.)
     * ``down_proj.kernel``    [N, K], ``('mlp', 'embed')``.
 
     Args:
@@ -147,7 +151,8 @@ class FusedSwiGLUMLP(nnx.Module):
       kernel_init: initializer, drawn gate, up, down in that order as :class:`SwiGLUMLP`
         does, so the same ``rngs`` give both modules the same weights.
       rngs: draws random weights; or
-      params: given fused weights, ``{"gate_up_proj": {"kernel": ...}, "down_proj": ...}``.
+      params: given fused weights, ``{"gate_up_packed": {"kernel": ...}, "down_proj": ...}``
+        (:func:`jax_swiglu.nn.fuse_params` makes them from any unfused layout).
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, dtype=jnp.bfloat16,
@@ -168,9 +173,9 @@ class FusedSwiGLUMLP(nnx.Module):
                                         "down_proj": {"kernel": down}})
 
         kernels = _weights(params, rngs, draw,
-                           {"gate_up_proj": (k, 2 * _layout.padded_n(n)), "down_proj": (n, k)},
+                           {"gate_up_packed": (k, 2 * _layout.padded_n(n)), "down_proj": (n, k)},
                            param_dtype, "fused")
-        self.gate_up_proj = Projection(kernels["gate_up_proj"], _common.GATE_UP_AXES)
+        self.gate_up_packed = Projection(kernels["gate_up_packed"], _common.GATE_UP_AXES)
         self.down_proj = Projection(kernels["down_proj"], _common.DOWN_AXES)
         self.hidden_size = k
         self.intermediate_size = n
@@ -207,7 +212,8 @@ class FusedSwiGLUMLP(nnx.Module):
 
     def packed_weights(self) -> _layout.PackedWeights:
         """The stored gate/up weights as :class:`jax_swiglu.PackedWeights` (in ``param_dtype``)."""
-        return _layout.PackedWeights.from_packed_data(self.gate_up_proj.kernel[...], self.intermediate_size)
+        return _layout.PackedWeights.from_packed_data(self.gate_up_packed.kernel[...],
+                                                      self.intermediate_size)
 
     def explain(self, x, *, platform: str | None = None) -> str:
         """Which kernel a call on ``x`` (an array or ``jax.ShapeDtypeStruct``) would run.
@@ -216,16 +222,34 @@ class FusedSwiGLUMLP(nnx.Module):
         default backend.
         """
         x = jax.ShapeDtypeStruct(x.shape, self.dtype)
-        data = jax.ShapeDtypeStruct(self.gate_up_proj.kernel.shape, self.dtype)
+        data = jax.ShapeDtypeStruct(self.gate_up_packed.kernel.shape, self.dtype)
         return _api.explain(x, _layout.PackedWeights.from_packed_data(data, self.intermediate_size),
                             kernel=self.kernel, activation=self.activation, platform=platform)
 
+    def _stored_kernels(self) -> tuple[jax.Array, jax.Array]:
+        """(gate_up_packed, down_proj) kernels, checked: state loaded with ``nnx.update`` may
+        have left them abstract or given them other shapes."""
+        k, n = self.hidden_size, self.intermediate_size
+        expected = {"gate_up_packed": (k, 2 * _layout.padded_n(n)), "down_proj": (n, k)}
+        kernels = []
+        for name, shape in expected.items():
+            kernel = getattr(self, name).kernel.get_value()
+            if isinstance(kernel, jax.ShapeDtypeStruct):
+                raise ValueError(
+                    f"{name}.kernel holds no weights, only their shape (a module built under "
+                    "nnx.eval_shape): load them first, nnx.update(module, state)")
+            if tuple(kernel.shape) != shape:
+                raise ValueError(
+                    f"{name}.kernel has shape {tuple(kernel.shape)}, but this block (K={k}, "
+                    f"N={n}) stores {shape}; load params made for it (jax_swiglu.nn.fuse_params)")
+            kernels.append(kernel)
+        return tuple(kernels)
+
     def __call__(self, x: jax.Array) -> jax.Array:
         """``[..., K] -> [..., K]`` in ``dtype``."""
-        return _common.fused_forward(
-            x, self.gate_up_proj.kernel[...], self.down_proj.kernel[...],
-            self.intermediate_size, dtype=self.dtype, kernel=self.kernel,
-            activation=self.activation)
+        gate_up, down = self._stored_kernels()
+        return _common.fused_forward(x, gate_up, down, self.intermediate_size, dtype=self.dtype,
+                                     kernel=self.kernel, activation=self.activation)
 
 
 class QuantizedParam(nnx.Variable):
