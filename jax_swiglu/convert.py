@@ -11,8 +11,8 @@ and no dtype changes unless ``dtype=`` is given.
 * Gemma ``FeedForward``: ``gating_einsum`` ``[2, embed, mlp]`` (``[2, mlp, embed]`` with
   ``transpose_gating_einsum``), gate ``w[0]``: :func:`pack_gemma_gating` / :func:`gemma_gating`.
 * ``nnx.Linear`` layers ``gate_proj`` / ``up_proj`` / ``down_proj`` (google-tunix Llama 3,
-  Qwen 3), kernels ``[in, out]``: :func:`pack_linears` / :func:`linear_kernels`,
-  :func:`set_linear_kernels`.
+  Qwen 3), kernels ``[in, out]``, or ``gate_up_proj`` (gate and up concatenated, Phi-3) and
+  ``down_proj``: :func:`pack_linears` / :func:`linear_kernels`, :func:`set_linear_kernels`.
 * Hugging Face ``gate_proj.weight`` / ``up_proj.weight`` ``[N, K]`` (``[out, in]``):
   :func:`pack_hf` / :func:`hf_gate_up`; whole blocks as the Flax modules' param dict:
   :func:`fuse_hf_weights` / :func:`fused_to_hf_weights`.
@@ -193,6 +193,9 @@ def fused_to_hf_weights(params) -> dict:
 # --- nnx.Linear modules ----------------------------------------------------------------------
 
 _LINEAR_NAMES = ("gate_proj", "up_proj", "down_proj")
+_CONCATENATED_LINEAR_NAMES = ("gate_up_proj", "down_proj")
+CONCATENATED_LINEARS = ("gate_up_proj / down_proj linear kernels ([in, out], gate_up_proj the "
+                        "concatenation [gate | up])")
 
 
 def _kernel_of(linear, name: str):
@@ -211,17 +214,28 @@ def _kernel_of(linear, name: str):
     return _float_array(kernel, f"{name}.kernel", LINEARS)
 
 
-def _linears(mlp_or_gate_proj, up_proj, down_proj):
+def linear_names(mlp) -> tuple[str, ...]:
+    """The names of ``mlp``'s linear layers: gate_proj/up_proj/down_proj, or, for a block
+    that keeps gate and up concatenated (Phi-3), gate_up_proj/down_proj."""
+    if not hasattr(mlp, "gate_proj") and hasattr(mlp, "gate_up_proj"):
+        names = _CONCATENATED_LINEAR_NAMES
+    else:
+        names = _LINEAR_NAMES
+    missing = [n for n in names if not hasattr(mlp, n)]
+    if missing:
+        raise TypeError(
+            f"expected an MLP with {list(_LINEAR_NAMES)} linear layers (or "
+            f"{list(_CONCATENATED_LINEAR_NAMES)}), or the three layers; "
+            f"{type(mlp).__name__} has no {missing}")
+    return names
+
+
+def _linears(mlp_or_gate_proj, up_proj, down_proj) -> dict:
     if up_proj is None and down_proj is None:
-        missing = [n for n in _LINEAR_NAMES if not hasattr(mlp_or_gate_proj, n)]
-        if missing:
-            raise TypeError(
-                f"expected an MLP with {list(_LINEAR_NAMES)} linear layers, or the three "
-                f"layers; {type(mlp_or_gate_proj).__name__} has no {missing}")
-        return tuple(getattr(mlp_or_gate_proj, n) for n in _LINEAR_NAMES)
+        return {n: getattr(mlp_or_gate_proj, n) for n in linear_names(mlp_or_gate_proj)}
     if up_proj is None or down_proj is None:
         raise TypeError("pass the MLP, or all three of gate_proj, up_proj and down_proj")
-    return mlp_or_gate_proj, up_proj, down_proj
+    return dict(zip(_LINEAR_NAMES, (mlp_or_gate_proj, up_proj, down_proj)))
 
 
 def pack_linears(mlp_or_gate_proj, up_proj=None, down_proj=None, *, dtype=None):
@@ -230,18 +244,28 @@ def pack_linears(mlp_or_gate_proj, up_proj=None, down_proj=None, *, dtype=None):
     Pass the MLP module (any object with ``gate_proj``, ``up_proj`` and ``down_proj``, as in
     google-tunix's Llama 3 and Qwen 3 ``MLP``) or the three layers. Their kernels are
     ``[in, out]`` (``x @ kernel``, ``einsum("...k,kn->...n")``): gate and up ``[K, N]``, down
-    ``[N, K]``, for ``silu(gate_proj(x)) * up_proj(x)`` then ``down_proj``. A kernel may be an
-    ``nnx.Param`` or a plain array; layers with a bias are refused. ``dtype`` casts all three.
+    ``[N, K]``, for ``silu(gate_proj(x)) * up_proj(x)`` then ``down_proj``. A block with
+    ``gate_up_proj`` and ``down_proj`` instead (Phi-3's layout) holds gate and up
+    concatenated, ``[K, 2N]`` ``[gate | up]``, and is read so. A kernel may be an
+    ``nnx.Param`` or a plain array; layers with a bias are refused. ``dtype`` casts all.
     """
-    gate_proj, up_proj, down_proj = _linears(mlp_or_gate_proj, up_proj, down_proj)
-    gate = _kernel_of(gate_proj, "gate_proj")
-    up = _kernel_of(up_proj, "up_proj")
-    down = _kernel_of(down_proj, "down_proj")
-    packed = _pack(gate, up, dtype, LINEARS)
+    linears = _linears(mlp_or_gate_proj, up_proj, down_proj)
+    kernels = {name: _kernel_of(linear, name) for name, linear in linears.items()}
+    if "gate_up_proj" in kernels:
+        layout = CONCATENATED_LINEARS
+        gate_up = kernels["gate_up_proj"]
+        try:
+            packed = _layout.pack_weights(gate_up, layout="concatenated", dtype=dtype)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{layout}: {error}") from error
+    else:
+        layout = LINEARS
+        packed = _pack(kernels["gate_proj"], kernels["up_proj"], dtype, layout)
+    down = kernels["down_proj"]
     if down.shape != (packed.n, packed.k):
         raise ValueError(
             f"down_proj.kernel must be [N, K] = [{packed.n}, {packed.k}] for gate/up kernels "
-            f"[{packed.k}, {packed.n}] ({LINEARS}), got {tuple(down.shape)}")
+            f"[{packed.k}, {packed.n}] ({layout}), got {tuple(down.shape)}")
     return packed, down if dtype is None else down.astype(dtype)
 
 
@@ -257,7 +281,8 @@ def linear_kernels(packed: PackedWeights, w_down):
 
 
 def set_linear_kernels(mlp, packed: PackedWeights, w_down) -> None:
-    """Writes :func:`linear_kernels` into ``mlp.gate_proj``/``up_proj``/``down_proj`` in place.
+    """Writes :func:`linear_kernels` into ``mlp.gate_proj``/``up_proj``/``down_proj`` in place
+    (into ``gate_up_proj``, concatenated, and ``down_proj`` for a Phi-3 style block).
 
     For export through the model's own code: each kernel must already have the shape it
     gets, and afterwards holds exactly the unpacked array (its dtype is the packed one). An
@@ -265,16 +290,23 @@ def set_linear_kernels(mlp, packed: PackedWeights, w_down) -> None:
     attribute is replaced.
     """
     linears = _linears(mlp, None, None)
-    for name, linear, kernel in zip(_LINEAR_NAMES, linears, linear_kernels(packed, w_down)):
+    gate, up, down = linear_kernels(packed, w_down)
+    if "gate_up_proj" in linears:
+        layout, new = CONCATENATED_LINEARS, {"gate_up_proj": jnp.concatenate([gate, up], axis=1),
+                                             "down_proj": down}
+    else:
+        layout, new = LINEARS, {"gate_proj": gate, "up_proj": up, "down_proj": down}
+    for name, linear in linears.items():
         old = _kernel_of(linear, name)
-        if old.shape != kernel.shape:
+        if old.shape != new[name].shape:
             raise ValueError(
                 f"{name}.kernel is {tuple(old.shape)} but these weights give "
-                f"{tuple(kernel.shape)} ({LINEARS})")
+                f"{tuple(new[name].shape)} ({layout})")
+    for name, linear in linears.items():
         current = linear.kernel
         if isinstance(current, (jax.Array, np.ndarray)):
-            linear.kernel = kernel
+            linear.kernel = new[name]
         elif hasattr(current, "set_value"):
-            current.set_value(kernel)
+            current.set_value(new[name])
         else:  # a Variable of a flax without set_value
-            current.value = kernel
+            current.value = new[name]

@@ -126,3 +126,203 @@ def test_whole_trees_with_concatenated_blocks_fuse(weights):
         block = swiglu_nn.FusedSwiGLUMLP.from_params(fused["layers"][i]["mlp"])
         np.testing.assert_array_equal(block(x), expected)
     assert sorted(fused["layers"]["0"]) == ["mlp", "norm"]
+
+
+# --- Flax as Flax users expect (nnx.Linear's conventions) ---------------------------------
+
+class LlamaMLP(nnx.Module):
+    """A user's own MLP block, written as Flax users write it."""
+
+    def __init__(self, k, n, *, rngs, param_dtype=jnp.bfloat16, use_bias=False, **extra):
+        linear = lambda i, o: nnx.Linear(i, o, use_bias=use_bias, param_dtype=param_dtype,
+                                         rngs=rngs)
+        self.gate_proj, self.up_proj, self.down_proj = linear(k, n), linear(k, n), linear(n, k)
+        for name, value in extra.items():
+            setattr(self, name, value)
+
+    def __call__(self, x):
+        return self.down_proj(nnx.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Phi3MLP(nnx.Module):
+    """Phi-3's block: gate and up in one layer, [gate | up] along its output."""
+
+    def __init__(self, k, n, *, rngs):
+        self.gate_up_proj = nnx.Linear(k, 2 * n, use_bias=False, param_dtype=jnp.bfloat16,
+                                       rngs=rngs)
+        self.down_proj = nnx.Linear(n, k, use_bias=False, param_dtype=jnp.bfloat16, rngs=rngs)
+
+    def __call__(self, x):
+        gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
+        return self.down_proj(nnx.silu(gate) * up)
+
+
+def _block_reference(x, gate, up, down, activation="silu"):
+    return jax_swiglu.swiglu_reference(x, gate, up, activation=activation) @ down
+
+
+def test_from_unfused_takes_any_block_of_linear_layers(key):
+    mlp = LlamaMLP(K, N, rngs=nnx.Rngs(0))
+    before = nnx.to_pure_dict(nnx.state(mlp))
+    fused = swiglu_nn.FusedSwiGLUMLP.from_unfused(mlp)
+    x = random_x(key, (2, 5, K))
+    kernels = [getattr(mlp, name).kernel[...] for name in ("gate_proj", "up_proj", "down_proj")]
+    np.testing.assert_array_equal(fused(x), _block_reference(x, *kernels))
+    # The block's own bf16 math rounds the gate and up products before the product: close.
+    np.testing.assert_allclose(np.asarray(fused(x), np.float32), np.asarray(mlp(x), np.float32),
+                               rtol=0.05, atol=0.05)
+    assert fused.dtype is None and fused.param_dtype == jnp.bfloat16  # nnx.Linear's dtype=None
+    jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(mlp)), before)
+    # A Phi-3 block reads its gate_up_proj as the concatenation it is.
+    phi3 = Phi3MLP(K, N, rngs=nnx.Rngs(1))
+    gate_up = phi3.gate_up_proj.kernel[...]
+    expected = _block_reference(x, gate_up[:, :N], gate_up[:, N:], phi3.down_proj.kernel[...])
+    np.testing.assert_array_equal(swiglu_nn.FusedSwiGLUMLP.from_unfused(phi3)(x), expected)
+
+
+def test_from_unfused_reads_or_is_told_the_activation(key):
+    x = random_x(key, (3, K))
+    gemma = LlamaMLP(K, N, rngs=nnx.Rngs(2), act_fn=nnx.gelu)  # states its activation
+    kernels = [getattr(gemma, name).kernel[...] for name in ("gate_proj", "up_proj", "down_proj")]
+    fused = swiglu_nn.FusedSwiGLUMLP.from_unfused(gemma)
+    assert fused.activation == "gelu_tanh"
+    np.testing.assert_array_equal(fused(x), _block_reference(x, *kernels, "gelu_tanh"))
+    with pytest.raises(ValueError, match="act_fn is .*'gelu_tanh', but activation='silu'"):
+        swiglu_nn.FusedSwiGLUMLP.from_unfused(gemma, activation="silu")
+    with pytest.raises(ValueError, match="an activation FusedSwiGLUMLP does not have"):
+        swiglu_nn.FusedSwiGLUMLP.from_unfused(LlamaMLP(K, N, rngs=nnx.Rngs(2), act_fn=nnx.relu))
+    # Silent about it, a block is told.
+    told = swiglu_nn.FusedSwiGLUMLP.from_unfused(LlamaMLP(K, N, rngs=nnx.Rngs(2)),
+                                                 activation="gelu_tanh")
+    np.testing.assert_array_equal(told(x), fused(x))
+
+
+def test_from_unfused_refuses_what_the_fused_block_would_drop():
+    with pytest.raises(ValueError, match="gate_proj has a bias"):
+        swiglu_nn.FusedSwiGLUMLP.from_unfused(LlamaMLP(K, N, rngs=nnx.Rngs(0), use_bias=True))
+    lora = LlamaMLP(K, N, rngs=nnx.Rngs(0), lora_a=nnx.Param(jnp.zeros((K, 4))))
+    with pytest.raises(ValueError, match=r"holds state besides .* \(lora_a\)"):
+        swiglu_nn.FusedSwiGLUMLP.from_unfused(lora)
+    with pytest.raises(TypeError, match="has no \\['up_proj', 'down_proj'\\]"):
+        swiglu_nn.FusedSwiGLUMLP.from_unfused(nnx.Dict(gate_proj=nnx.Linear(K, N, rngs=nnx.Rngs(0))))
+
+
+def test_dtype_none_computes_in_the_inputs_and_params_dtype(key):
+    x = random_x(key, (3, K))
+    reference = swiglu_nn.SwiGLUMLP(K, N, dtype=None, rngs=nnx.Rngs(0))
+    fused = swiglu_nn.FusedSwiGLUMLP(K, N, dtype=None, rngs=nnx.Rngs(0))
+    kernels = [getattr(reference, name).kernel[...] for name in ("gate_proj", "up_proj",
+                                                                 "down_proj")]
+    for module in (reference, fused):
+        y = module(x)
+        assert y.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(y, _block_reference(x, *kernels))
+    # float32 in: the reference block computes in float32 as nnx.Linear would ...
+    x32 = x.astype(jnp.float32)
+    y32 = reference(x32)
+    assert y32.dtype == jnp.float32
+    np.testing.assert_array_equal(
+        y32, _block_reference(x32, *(kernel.astype(jnp.float32) for kernel in kernels)))
+    # ... and the fused block, which runs bfloat16 or float16, says what to do.
+    with pytest.raises(TypeError, match=r"dtype=None.*\(float32\).*float32.*Cast the input"):
+        fused(x32)
+    assert "M=3 N=96 K=64 bfloat16" in fused.explain(x, platform="cpu")
+    linen = swiglu_linen.FusedSwiGLUMLP(N, dtype=None)
+    params = swiglu_nn.fuse_params(nnx.to_pure_dict(nnx.state(reference, nnx.Param)))
+    np.testing.assert_array_equal(linen.apply({"params": params}, x), fused(x))
+    with pytest.raises(TypeError, match="dtype=None"):
+        linen.apply({"params": params}, x32)
+    # dtype=None is no longer read as float64 anywhere.
+    with pytest.raises(TypeError, match="got dtype=None"):
+        swiglu_nn.Fp8SwiGLUMLP.quantize(reference)
+
+
+P = jax.sharding.PartitionSpec
+
+
+def _specs(module):
+    return nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(module)))
+
+
+def test_kernel_init_with_partitioning_and_maxtexts_axis_names():
+    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("hidden", "ffn"))
+    fused = swiglu_nn.FusedSwiGLUMLP(K, N, kernel_init=init, rngs=nnx.Rngs(0))
+    assert _specs(fused) == {"gate_up_packed": {"kernel": P("hidden", "ffn")},
+                             "down_proj": {"kernel": P("ffn", "hidden")}}
+    # The same draws as a plain initializer: the names are metadata.
+    plain = swiglu_nn.FusedSwiGLUMLP(K, N, rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(fused.gate_up_packed.kernel[...], plain.gate_up_packed.kernel[...])
+    reference = swiglu_nn.SwiGLUMLP(K, N, kernel_init=init, rngs=nnx.Rngs(0))
+    assert _specs(reference)["down_proj"] == {"kernel": P("ffn", "hidden")}
+    assert _specs(swiglu_nn.FusedSwiGLUMLP.from_unfused(reference)) == _specs(fused)
+    assert _specs(reference.__class__(K, N, kernel_axes=("hidden", "ffn"), rngs=nnx.Rngs(0))) \
+        == _specs(reference)
+    # MaxText names its fused kernel [embed, num_activations, mlp]: the packed matrix keeps
+    # each gate/up pair in the mlp axis.
+    maxtext = swiglu_nn.FusedSwiGLUMLP(K, N, kernel_axes=("embed", "num_activations", "mlp"),
+                                       rngs=nnx.Rngs(0))
+    assert _specs(maxtext) == {"gate_up_packed": {"kernel": P("embed", "mlp")},
+                               "down_proj": {"kernel": P("mlp", "embed")}}
+    with pytest.raises(ValueError, match="give the names once"):
+        swiglu_nn.FusedSwiGLUMLP(K, N, kernel_init=init, kernel_axes=("embed", "mlp"),
+                                 rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="kernel_axes must name"):
+        swiglu_nn.FusedSwiGLUMLP(K, N, kernel_axes=("embed",), rngs=nnx.Rngs(0))
+    # Under a mesh with logical rules the params are placed by those names.
+    mesh = jax.make_mesh((1,), ("model",), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=jax.devices("cpu")[:1])
+    with jax.set_mesh(mesh), nnx.logical_axis_rules((("hidden", None), ("ffn", "model"))):
+        placed = swiglu_nn.FusedSwiGLUMLP(K, N, kernel_init=init, rngs=nnx.Rngs(0))
+    assert placed.gate_up_packed.kernel[...].sharding.spec == P(None, "model")
+
+
+def test_linen_kernel_init_boxes_and_axis_names(key):
+    x = random_x(key, (2, K))
+    init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("hidden", "ffn"))
+    for module in (swiglu_linen.FusedSwiGLUMLP(N, kernel_init=init),
+                   swiglu_linen.FusedSwiGLUMLP(N, kernel_axes=("hidden", "num_activations", "ffn"))):
+        specs = nn.get_partition_spec(module.init(key, x))["params"]
+        assert specs == {"gate_up_packed": {"kernel": P("hidden", "ffn")},
+                         "down_proj": {"kernel": P("ffn", "hidden")}}
+    reference = swiglu_linen.SwiGLUMLP(N, kernel_init=init)
+    variables = reference.init(key, x)
+    assert nn.get_partition_spec(variables)["params"]["down_proj"]["kernel"] == P("ffn", "hidden")
+    fused_params = swiglu_nn.fuse_params(nn.unbox(variables)["params"])
+    np.testing.assert_array_equal(
+        swiglu_linen.FusedSwiGLUMLP(N, kernel_init=init).apply({"params": fused_params}, x),
+        reference.apply(variables, x))
+    # Mesh axes (nn.with_partitioning) stay mesh axes.
+    mesh_init = nn.with_partitioning(nn.initializers.lecun_normal(), (None, "model"))
+    boxed = swiglu_linen.FusedSwiGLUMLP(N, kernel_init=mesh_init).init(key, x)["params"]
+    assert type(boxed["gate_up_packed"]["kernel"]) is nn.Partitioned
+    assert boxed["down_proj"]["kernel"].names == ("model", None)
+
+
+def test_an_abstract_module_loads_a_checkpoint(key):
+    """nnx.eval_shape builds the module without weights; nnx.update puts a checkpoint's in."""
+    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
+    source = swiglu_nn.FusedSwiGLUMLP(K, N, rngs=nnx.Rngs(7))
+    checkpoint = nnx.to_pure_dict(nnx.state(source, nnx.Param))  # what a restore hands back
+    abstract = nnx.eval_shape(
+        lambda: swiglu_nn.FusedSwiGLUMLP(K, N, kernel_init=init, rngs=nnx.Rngs(0)))
+    assert isinstance(abstract.gate_up_packed.kernel.get_value(), jax.ShapeDtypeStruct)
+    assert _specs(abstract)["gate_up_packed"] == {"kernel": P("embed", "mlp")}
+    nnx.update(abstract, checkpoint)
+    x = random_x(key, (4, K))
+    np.testing.assert_array_equal(abstract(x), source(x))
+    # The module's own nnx.State loads the same way, and so does a whole model's.
+    again = nnx.eval_shape(lambda: swiglu_nn.FusedSwiGLUMLP(K, N, rngs=nnx.Rngs(0)))
+    nnx.update(again, nnx.state(source))
+    np.testing.assert_array_equal(again(x), source(x))
+
+
+def test_from_packed_builds_the_module_from_adapters_output(weights):
+    gate, up, down, x, expected = weights
+    packed = jax_swiglu.pack_weights(gate, up)
+    module = swiglu_nn.FusedSwiGLUMLP.from_packed(packed, down)
+    np.testing.assert_array_equal(module(x), expected)
+    np.testing.assert_array_equal(module.packed_weights().data, packed.data)
+    with pytest.raises(ValueError, match=r"w_down must be \[N, K\] = \[96, 64\]"):
+        swiglu_nn.FusedSwiGLUMLP.from_packed(packed, down.T)
+    with pytest.raises(TypeError, match="layout='concatenated'"):
+        swiglu_nn.FusedSwiGLUMLP.from_packed(jnp.concatenate([gate, up], axis=1), down)

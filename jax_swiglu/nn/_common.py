@@ -24,9 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import jax
 import jax.numpy as jnp
 
-from .. import _layout
+from .. import _layout, _reference
 from .._api import fused_mlp
 from .._reference import check_activation, swiglu_reference
 
@@ -52,11 +53,94 @@ CONCATENATED_IS_NOT_PACKED = (
 
 
 def check_kernel_dtype(dtype) -> None:
-    """The fused modules compute in bfloat16 or float16, the kernels' dtypes."""
-    if jnp.dtype(dtype) not in _layout.KERNEL_DTYPES:
+    """The fused modules compute in bfloat16 or float16, the kernels' dtypes. (Those that take
+    ``dtype=None`` check the dtype it resolves to at call time instead.)"""
+    if dtype is None or jnp.dtype(dtype) not in _layout.KERNEL_DTYPES:
         raise TypeError(
-            f"the fused modules compute in bfloat16 or float16, got dtype={jnp.dtype(dtype)}; "
-            "keep param_dtype as you like (it is cast at call time)")
+            f"the fused modules compute in bfloat16 or float16, got dtype="
+            f"{dtype if dtype is None else jnp.dtype(dtype)}; keep param_dtype as you like (it "
+            "is cast at call time)")
+
+
+def compute_dtype(dtype, x, *kernels) -> jnp.dtype:
+    """``dtype``, or for ``dtype=None`` what ``nnx.Linear(dtype=None)`` computes in: the
+    promoted dtype of the input and the params."""
+    if dtype is not None:
+        return jnp.dtype(dtype)
+    return jnp.dtype(jnp.result_type(*(jnp.dtype(a.dtype) for a in (x, *kernels))))
+
+
+def check_fused_compute_dtype(dtype, x_dtype, param_dtype) -> None:
+    """A fused module with ``dtype=None`` runs only where its input and params promote to a
+    dtype the fused call runs (bfloat16, float16)."""
+    if jnp.dtype(dtype) in _layout.KERNEL_DTYPES:
+        return
+    raise TypeError(
+        f"this FusedSwiGLUMLP has dtype=None, so it computes in the promoted dtype of its input "
+        f"({jnp.dtype(x_dtype)}) and params ({jnp.dtype(param_dtype)}): {jnp.dtype(dtype)}, "
+        "but the fused block runs bfloat16 or float16. Cast the input (and store the params, "
+        "param_dtype=) in bfloat16 or float16, or set dtype=jnp.bfloat16 (the params are cast "
+        f"per call); SwiGLUMLP is the same block in plain XLA for {jnp.dtype(dtype)}")
+
+
+def _two_names(names, what: str) -> tuple:
+    names = tuple(names)
+    if len(names) == 3:
+        # MaxText's stacked kernel [embed, num_activations, mlp]: the packed layout keeps each
+        # gate/up pair inside the mlp axis, so the middle name has no axis of its own here.
+        names = (names[0], names[2])
+    if len(names) != 2 or not all(n is None or isinstance(n, (str, tuple)) for n in names):
+        raise ValueError(
+            f"{what} must name the gate/up kernel's two axes [in, out], e.g. ('embed', 'mlp'), "
+            f"or be MaxText's three for its stacked kernel, ('embed', 'num_activations', "
+            f"'mlp'); got {names!r}")
+    return names
+
+
+def logical_axes(kernel_axes=None, init_names=None) -> tuple[tuple, tuple]:
+    """(gate/up axis names, down axis names) of the modules' params.
+
+    ``kernel_axes`` are the names the caller gave, ``init_names`` those the initializer
+    attached (``nnx.with_partitioning``); both name the gate/up kernel, [in, out]. Down,
+    [N, K], gets the same names the other way round. Without either: ``('embed', 'mlp')``.
+    """
+    given = None if kernel_axes is None else _two_names(kernel_axes, "kernel_axes")
+    drawn = None if init_names is None else _two_names(init_names, "kernel_init's axis names")
+    if given is not None and drawn is not None and given != drawn:
+        raise ValueError(f"kernel_axes={tuple(kernel_axes)!r} but kernel_init names the "
+                         f"kernels {tuple(init_names)!r}; give the names once")
+    names = given or drawn or GATE_UP_AXES
+    return names, names[::-1]
+
+
+# Attributes in which MLP implementations (ours included) name their activation, and what
+# those names and functions are called here (jax.nn.gelu and nnx.gelu default to the tanh
+# approximation, Hugging Face's "gelu" is the exact one, which no kernel has).
+ACTIVATION_ATTRIBUTES = ("activation", "act_fn", "activation_fn", "hidden_act",
+                         "hidden_activation")
+_KNOWN_ACTIVATIONS = {
+    **{name: name for name in _reference.ACTIVATIONS},
+    "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+}
+_KNOWN_ACTIVATION_FUNCTIONS = (
+    *((function, name) for name, function in _reference.ACTIVATIONS.items()),
+    (jax.nn.silu, "silu"), (jax.nn.gelu, "gelu_tanh"))
+
+
+def stated_activation(block):
+    """(attribute, our name or None if unknown) of an activation the block states, else None."""
+    for attribute in ACTIVATION_ATTRIBUTES:
+        value = getattr(block, attribute, None)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            return attribute, _KNOWN_ACTIVATIONS.get(value.lower())
+        if callable(value):
+            for function, name in _KNOWN_ACTIVATION_FUNCTIONS:
+                if value is function:
+                    return attribute, name
+            return attribute, None
+    return None
 
 
 # --- forward passes -------------------------------------------------------------------------
