@@ -14,8 +14,14 @@ and no dtype changes unless ``dtype=`` is given.
   Qwen 3), kernels ``[in, out]``, or ``gate_up_proj`` (gate and up concatenated, Phi-3) and
   ``down_proj``: :func:`pack_linears` / :func:`linear_kernels`, :func:`set_linear_kernels`.
 * Hugging Face ``gate_proj.weight`` / ``up_proj.weight`` ``[N, K]`` (``[out, in]``):
-  :func:`pack_hf` / :func:`hf_gate_up`; whole blocks as the Flax modules' param dict:
-  :func:`fuse_hf_weights` / :func:`fused_to_hf_weights`.
+  :func:`pack_hf` / :func:`hf_gate_up` (Phi-3's concatenated ``gate_up_proj.weight``:
+  :func:`pack_hf_concatenated` / :func:`hf_concatenated`); whole blocks as the Flax modules'
+  param dict: :func:`fuse_hf_weights` / :func:`fused_to_hf_weights`; every MLP of a whole
+  checkpoint, a state dict or ``.safetensors`` files, with the tensors' name patterns as
+  parameters: :func:`pack_hf_checkpoint` / :func:`hf_checkpoint`, :func:`save_hf_checkpoint`.
+* A ``[K, 2N]`` concatenation ``[gate | up]`` as an ``[in, out]`` kernel:
+  ``jax_swiglu.pack_weights(w, layout="concatenated")`` /
+  ``jax_swiglu.unpack_weights(packed, layout="concatenated")``.
 
 The down projection needs no adapter in MaxText (``wo``) and Gemma (``linear``): both store
 it ``[mlp, embed]``, which is already :func:`jax_swiglu.fused_mlp`'s ``w_down``.
@@ -25,11 +31,19 @@ for Llama, Qwen and MaxText's ``("silu", "linear")``, ``activation="gelu_tanh"``
 (flax's ``nn.gelu`` is the tanh form).
 
 Only :func:`fuse_hf_weights` and :func:`fused_to_hf_weights` need flax (they are
-``jax_swiglu.nn``'s). :func:`pack_linears` reads any object whose ``gate_proj``, ``up_proj``
-and ``down_proj`` have a ``kernel`` (an ``nnx.Param`` or a plain array).
+``jax_swiglu.nn``'s), and only the ``.safetensors`` files need the ``safetensors`` package
+(``pip install 'jax_swiglu[hf]'``). :func:`pack_linears` reads any object whose ``gate_proj``,
+``up_proj`` and ``down_proj`` have a ``kernel`` (an ``nnx.Param`` or a plain array). Nothing
+here modifies what it is given.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import re
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -39,23 +53,35 @@ from . import _layout
 from ._layout import PackedWeights
 
 __all__ = [
+    "HF_DOWN",
+    "HF_GATE",
+    "HF_GATE_UP",
+    "HF_UP",
     "fuse_hf_weights",
     "fused_to_hf_weights",
     "gemma_gating",
+    "hf_checkpoint",
+    "hf_concatenated",
     "hf_gate_up",
     "linear_kernels",
+    "linear_names",
     "maxtext_wi",
     "pack_gemma_gating",
     "pack_hf",
+    "pack_hf_checkpoint",
+    "pack_hf_concatenated",
     "pack_linears",
     "pack_maxtext_wi",
+    "save_hf_checkpoint",
     "set_linear_kernels",
 ]
 
 MAXTEXT_WI = "MaxText wi [embed, 2, mlp]"
 GEMMA_GATING = "Gemma gating_einsum [2, embed, mlp]"
 GEMMA_GATING_TRANSPOSED = "Gemma gating_einsum [2, mlp, embed] (transpose_gating_einsum=True)"
-HF_GATE_UP = "Hugging Face gate_proj.weight / up_proj.weight [N, K] ([out, in])"
+HF_GATE_UP_LAYOUT = "Hugging Face gate_proj.weight / up_proj.weight [N, K] ([out, in])"
+HF_CONCATENATED = "Hugging Face gate_up_proj.weight [2N, K] ([out, in], gate rows first)"
+HF_DOWN_LAYOUT = "Hugging Face down_proj.weight [K, N] ([out, in])"
 LINEARS = "gate_proj / up_proj / down_proj linear kernels ([in, out])"
 
 
@@ -148,28 +174,97 @@ def gemma_gating(packed: PackedWeights, *, transpose_gating_einsum: bool = False
 
 # --- Hugging Face ----------------------------------------------------------------------------
 
-def pack_hf(gate_weight, up_weight, *, dtype=None) -> PackedWeights:
+def pack_hf(gate_weight, up_weight=None, *, dtype=None) -> PackedWeights:
     """Packs Hugging Face ``mlp.gate_proj.weight`` and ``mlp.up_proj.weight`` (``[N, K]``).
 
     PyTorch ``nn.Linear`` stores ``[out, in]`` and computes ``x @ weight.T``
     (``einsum("...k,nk->...n")``); Llama, Qwen and Mistral then apply
     ``act(gate_proj(x)) * up_proj(x)``. The down weight (``[K, N]``) becomes ``w_down`` as
-    ``down_proj.weight.T``. For a whole block in the Flax modules' param dict see
-    :func:`fuse_hf_weights`.
+    ``down_proj.weight.T``.
+
+    ``pack_hf(weights)`` takes one layer's tensors by name instead: a mapping holding
+    ``gate_proj.weight`` and ``up_proj.weight``, or Phi-3's ``gate_up_proj.weight``, bare or
+    under any prefix (``mlp.gate_proj.weight``, ``model.layers.3.mlp.gate_proj.weight``),
+    one of each. A whole checkpoint, every layer at once, is :func:`pack_hf_checkpoint`;
+    a whole block in the Flax modules' param dict :func:`fuse_hf_weights`.
     """
-    gate = _float_array(gate_weight, "gate_proj.weight", HF_GATE_UP)
-    up = _float_array(up_weight, "up_proj.weight", HF_GATE_UP)
+    if up_weight is None and isinstance(gate_weight, Mapping):
+        tensors = _hf_layer_tensors(gate_weight)
+        if "gate_up_proj.weight" in tensors:
+            return pack_hf_concatenated(tensors["gate_up_proj.weight"], dtype=dtype)
+        gate_weight, up_weight = tensors["gate_proj.weight"], tensors["up_proj.weight"]
+    elif up_weight is None:
+        raise TypeError("pack_hf takes gate_proj.weight and up_proj.weight, or one mapping of a "
+                        "layer's tensors by name; for Phi-3's concatenated gate_up_proj.weight "
+                        "use pack_hf_concatenated")
+    gate = _float_array(gate_weight, "gate_proj.weight", HF_GATE_UP_LAYOUT)
+    up = _float_array(up_weight, "up_proj.weight", HF_GATE_UP_LAYOUT)
     if gate.ndim != 2 or up.ndim != 2 or gate.shape != up.shape:
         raise ValueError(
-            f"expected {HF_GATE_UP}, both the same shape; got {tuple(gate.shape)} and "
+            f"expected {HF_GATE_UP_LAYOUT}, both the same shape; got {tuple(gate.shape)} and "
             f"{tuple(up.shape)}")
-    return _pack(gate.T, up.T, dtype, HF_GATE_UP)
+    return _pack(gate.T, up.T, dtype, HF_GATE_UP_LAYOUT)
 
 
 def hf_gate_up(packed: PackedWeights):
     """Inverse of :func:`pack_hf`: ``(gate_proj.weight, up_proj.weight)``, each ``[N, K]``."""
     gate, up = _layout.unpack_weights(packed)
     return gate.T, up.T
+
+
+def pack_hf_concatenated(gate_up_weight, *, dtype=None) -> PackedWeights:
+    """Packs Phi-3's ``mlp.gate_up_proj.weight``, ``[2N, K]``: the gate rows, then the up rows.
+
+    Phi-3 computes ``gate, up = gate_up_proj(x).chunk(2, dim=-1)``, then ``act(gate) * up``;
+    vLLM's merged ``gate_up_proj`` is the same concatenation.
+    """
+    weight = _float_array(gate_up_weight, "gate_up_proj.weight", HF_CONCATENATED)
+    if weight.ndim != 2:
+        raise ValueError(f"expected {HF_CONCATENATED}, got shape {tuple(weight.shape)}")
+    try:
+        return _layout.pack_weights(weight.T, layout="concatenated", dtype=dtype)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{HF_CONCATENATED}: {error}") from error
+
+
+def hf_concatenated(packed: PackedWeights):
+    """Inverse of :func:`pack_hf_concatenated`: ``gate_up_proj.weight``, ``[2N, K]``."""
+    return _layout.unpack_weights(packed, layout="concatenated").T
+
+
+_HF_SEPARATE_NAMES = ("gate_proj.weight", "up_proj.weight")
+_HF_CONCATENATED_NAMES = ("gate_up_proj.weight",)
+
+
+def _hf_layer_tensors(weights: Mapping, with_down: bool = False) -> dict:
+    """One layer's MLP tensors, ``{bare name: tensor}``, from ``weights`` whose keys are the
+    bare names or the names under one prefix (``mlp.``, ``model.layers.3.mlp.``)."""
+    concatenated = any(isinstance(key, str) and (key == "gate_up_proj.weight"
+                                                 or key.endswith(".gate_up_proj.weight"))
+                       for key in weights)
+    names = _HF_CONCATENATED_NAMES if concatenated else _HF_SEPARATE_NAMES
+    names += ("down_proj.weight",) if with_down else ()
+    found, prefixes, missing = {}, set(), []
+    for name in names:
+        keys = [key for key in weights if isinstance(key, str)
+                and (key == name or key.endswith("." + name))]
+        if not keys:
+            missing.append(name)
+        elif len(keys) > 1:
+            raise ValueError(
+                f"{len(keys)} tensors are named ...{name} ({keys[0]!r}, {keys[1]!r}, ...): these "
+                "are several layers' MLPs. Pass one layer's tensors, or convert the whole "
+                "checkpoint with jax_swiglu.convert.pack_hf_checkpoint")
+        else:
+            found[name] = weights[keys[0]]
+            prefixes.add(keys[0][:-len(name)])
+    if missing:
+        raise ValueError(f"Hugging Face MLP weights lack {missing} (bare or under a prefix such as "
+                         f"'mlp.'); got keys {sorted(map(str, weights))[:8]}")
+    if len(prefixes) > 1:
+        raise ValueError(f"the MLP tensors sit under different prefixes {sorted(prefixes)}; pass "
+                         "one layer's tensors")
+    return found
 
 
 def fuse_hf_weights(weights, *, dtype=None) -> dict:
@@ -183,11 +278,240 @@ def fuse_hf_weights(weights, *, dtype=None) -> dict:
     return _common.fuse_hf_weights(weights, dtype=dtype)
 
 
-def fused_to_hf_weights(params) -> dict:
+def fused_to_hf_weights(params, *, layout: str = "separate") -> dict:
     """Inverse of :func:`fuse_hf_weights` (:func:`jax_swiglu.nn.fused_to_hf_weights`)."""
     from .nn import _common
 
-    return _common.fused_to_hf_weights(params)
+    return _common.fused_to_hf_weights(params, layout=layout)
+
+
+# --- whole Hugging Face checkpoints ----------------------------------------------------------
+
+HF_GATE = "model.layers.{i}.mlp.gate_proj.weight"
+HF_UP = "model.layers.{i}.mlp.up_proj.weight"
+HF_DOWN = "model.layers.{i}.mlp.down_proj.weight"
+HF_GATE_UP = "model.layers.{i}.mlp.gate_up_proj.weight"  # Phi-3: gate rows, then up rows
+
+
+def _patterns(gate, up, down, gate_up) -> dict[str, str]:
+    """{role: name pattern} for a checkpoint's MLP tensors, each pattern checked."""
+    if gate_up is not None and (gate is not None or up is not None):
+        raise ValueError("pass gate= and up= patterns (separate tensors) or gate_up= (one "
+                         "concatenated tensor, as Phi-3's), not both")
+    roles = ({"gate_up": gate_up} if gate_up is not None
+             else {"gate": HF_GATE if gate is None else gate, "up": HF_UP if up is None else up})
+    roles["down"] = down
+    for role, pattern in roles.items():
+        if not isinstance(pattern, str) or pattern.count("{i}") != 1 or (
+                pattern.replace("{i}", "").count("{") + pattern.replace("{i}", "").count("}")):
+            raise ValueError(f"{role}= must be a tensor name with {{i}} once for the layer index, "
+                             f"e.g. {HF_GATE!r}; got {pattern!r}")
+    return roles
+
+
+def _layer_regex(pattern: str) -> re.Pattern:
+    before, after = pattern.split("{i}")
+    return re.compile(re.escape(before) + r"(\d+)" + re.escape(after))
+
+
+class _Checkpoint:
+    """The tensors of a state dict, or of ``.safetensors`` files opened lazily: names and
+    shapes without reading the data, each tensor read when it is packed."""
+
+    def __init__(self, checkpoint, stack: contextlib.ExitStack):
+        if isinstance(checkpoint, Mapping):
+            self.names = [key for key in checkpoint if isinstance(key, str)]
+            self._shape = lambda name: tuple(checkpoint[name].shape)
+            self._load = lambda name: checkpoint[name]
+            return
+        files = _safetensors_files(checkpoint)
+        safe_open = _safetensors().safe_open
+        owner = {}
+        for path in files:
+            handle = stack.enter_context(safe_open(str(path), framework="numpy"))
+            for name in handle.keys():
+                if name in owner:
+                    raise ValueError(f"tensor {name!r} is in both {owner[name][0]} and {path}")
+                owner[name] = (path, handle)
+        self.names = list(owner)
+        self._shape = lambda name: tuple(owner[name][1].get_slice(name).get_shape())
+        self._load = lambda name: owner[name][1].get_tensor(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shape(name)
+
+    def load(self, name: str):
+        return self._load(name)
+
+
+def _safetensors():
+    try:
+        import safetensors
+        import safetensors.numpy  # noqa: F401
+    except ImportError as error:
+        raise ImportError("reading and writing .safetensors files needs the safetensors "
+                          "package: pip install 'jax_swiglu[hf]' (or safetensors)") from error
+    return safetensors
+
+
+def _safetensors_files(checkpoint) -> list[pathlib.Path]:
+    """The files of a checkpoint given as a path (file or directory) or a list of paths."""
+    if isinstance(checkpoint, (str, os.PathLike)):
+        path = pathlib.Path(checkpoint)
+        if path.is_dir():
+            files = sorted(path.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"no .safetensors file in the directory {path}")
+            return files
+        checkpoint = [path]
+    if not isinstance(checkpoint, (list, tuple)) or not checkpoint:
+        raise TypeError("checkpoint must be a state dict (a mapping of names to arrays), a "
+                        ".safetensors file, a directory of them, or a list of files; got "
+                        f"{type(checkpoint).__name__}")
+    files = [pathlib.Path(p) for p in checkpoint]
+    for path in files:
+        if not path.is_file():
+            raise FileNotFoundError(f"no such checkpoint file: {path}")
+        if path.suffix != ".safetensors":
+            raise ValueError(f"{path} is not a .safetensors file (PyTorch .bin files: load them "
+                             "with torch and save them with safetensors first)")
+    return files
+
+
+def pack_hf_checkpoint(checkpoint, *, gate: str | None = None, up: str | None = None,
+                       down: str = HF_DOWN, gate_up: str | None = None,
+                       dtype=None) -> list[tuple[PackedWeights, jax.Array]]:
+    """Packs every MLP of a Hugging Face checkpoint: ``[(packed, w_down), ...]`` by layer.
+
+    Reads the tensors named by the patterns, ``{i}`` standing for the layer index, for every
+    layer from 0 on, and nothing else of the checkpoint; ``w_down`` is
+    ``down_proj.weight.T`` (``[N, K]``), ready for :func:`jax_swiglu.fused_mlp` and
+    :meth:`jax_swiglu.nn.FusedSwiGLUMLP.from_packed`. No dtype changes unless ``dtype=``
+    is given; :func:`hf_checkpoint` and :func:`save_hf_checkpoint` export back bit-exactly.
+
+    Args:
+      checkpoint: a state dict (a mapping of names to numpy or JAX arrays, as
+        ``safetensors.numpy.load_file`` returns), or ``.safetensors`` files: a path, a list
+        of paths (a sharded checkpoint) or a directory of them (needs the ``safetensors``
+        package, ``pip install 'jax_swiglu[hf]'``; only the MLP tensors are read). Torch
+        tensors: save them with safetensors and pass the file.
+      gate, up, down: the tensors' name patterns, by default Llama's, Qwen's and Mistral's
+        ``model.layers.{i}.mlp.gate_proj.weight``, ``...up_proj.weight``,
+        ``...down_proj.weight`` (``[out, in]``: gate and up ``[N, K]``, down ``[K, N]``).
+      gate_up: instead of ``gate`` and ``up``, the pattern of one concatenated tensor
+        ``[2N, K]``, gate rows first: :data:`HF_GATE_UP` for Phi-3.
+      dtype: optional dtype for all of them (the kernels run bfloat16 and float16).
+
+    Raises:
+      ValueError: a pattern without ``{i}`` or matching no tensor (the message shows some of
+        the checkpoint's names), a layer missing a tensor, or shapes that do not fit.
+    """
+    roles = _patterns(gate, up, down, gate_up)
+    with contextlib.ExitStack() as stack:
+        source = _Checkpoint(checkpoint, stack)
+        layers = _layer_names(source, roles)
+        for index, names in enumerate(layers):
+            _check_layer_shapes(source, index, names)
+        return [_pack_layer(source, names, dtype) for names in layers]
+
+
+def _layer_names(source: _Checkpoint, roles: dict[str, str]) -> list[dict[str, str]]:
+    """Per layer 0 .. L-1, {role: tensor name}; raises on patterns that find nothing and on
+    layers that lack a tensor."""
+    indices = {}
+    for role, pattern in roles.items():
+        regex = _layer_regex(pattern)
+        indices[role] = {int(m.group(1)) for m in map(regex.fullmatch, source.names) if m}
+        if not indices[role]:
+            examples = [n for n in source.names if "mlp" in n or "proj" in n][:4] or \
+                source.names[:4]
+            hint = ""
+            if role in ("gate", "up") and any(n.endswith("gate_up_proj.weight")
+                                              for n in source.names):
+                hint = (" It holds gate_up_proj tensors (gate and up concatenated, as Phi-3's): "
+                        f"pass gate_up={HF_GATE_UP!r}.")
+            raise ValueError(
+                f"no tensor of the checkpoint is named like {role}={pattern!r}; its names look "
+                f"like {examples}. Pass the patterns its MLP tensors follow, with {{i}} for the "
+                f"layer index.{hint}")
+    count = max(max(found) for found in indices.values()) + 1
+    missing = [roles[role].format(i=i) for i in range(count) for role in roles
+               if i not in indices[role]]
+    if missing:
+        raise ValueError(f"the checkpoint's MLPs are layers 0 .. {count - 1}, but it lacks "
+                         f"{len(missing)} of their tensors: {missing[:4]}")
+    return [{role: pattern.format(i=i) for role, pattern in roles.items()}
+            for i in range(count)]
+
+
+def _check_layer_shapes(source: _Checkpoint, index: int, names: dict[str, str]) -> None:
+    shapes = {role: source.shape(name) for role, name in names.items()}
+    down = shapes["down"]
+    if "gate_up" in shapes:
+        gate_up = shapes["gate_up"]
+        fits = len(gate_up) == 2 and gate_up[0] % 2 == 0 and down == (gate_up[1], gate_up[0] // 2)
+        expected = "gate_up [2N, K] and down [K, N]"
+    else:
+        gate, up = shapes["gate"], shapes["up"]
+        fits = len(gate) == 2 and gate == up and down == gate[::-1]
+        expected = "gate and up [N, K], down [K, N]"
+    if not fits:
+        got = ", ".join(f"{names[role]} {shape}" for role, shape in shapes.items())
+        raise ValueError(f"layer {index}: the MLP tensors must be {expected} ([out, in]); got {got}")
+
+
+def _pack_layer(source: _Checkpoint, names: dict[str, str], dtype):
+    try:
+        if "gate_up" in names:
+            packed = pack_hf_concatenated(source.load(names["gate_up"]), dtype=dtype)
+        else:
+            packed = pack_hf(source.load(names["gate"]), source.load(names["up"]), dtype=dtype)
+        down = _float_array(source.load(names["down"]), names["down"], HF_DOWN_LAYOUT).T
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{names['down'].rsplit('.', 2)[0]}: {error}") from error
+    return packed, down if dtype is None else down.astype(dtype)
+
+
+def hf_checkpoint(layers, *, gate: str | None = None, up: str | None = None,
+                  down: str = HF_DOWN, gate_up: str | None = None) -> dict:
+    """Inverse of :func:`pack_hf_checkpoint`: the MLP tensors of a Hugging Face state dict.
+
+    ``layers`` is ``[(packed, w_down), ...]`` by layer; the result maps each pattern's name
+    to a numpy array ``[out, in]`` (contiguous, as safetensors writes it), bit for bit what
+    was packed. The patterns are :func:`pack_hf_checkpoint`'s.
+    """
+    roles = _patterns(gate, up, down, gate_up)
+    tensors = {}
+    for i, layer in enumerate(layers):
+        if not (isinstance(layer, (tuple, list)) and len(layer) == 2):
+            raise TypeError(f"layers[{i}] must be (packed, w_down), as pack_hf_checkpoint "
+                            f"returns; got {type(layer).__name__}")
+        packed, w_down = layer
+        gate_t, up_t, down_t = linear_kernels(packed, w_down)  # [in, out]
+        exported = ({"gate_up": jnp.concatenate([gate_t, up_t], axis=1), "down": down_t}
+                    if "gate_up" in roles else {"gate": gate_t, "up": up_t, "down": down_t})
+        for role, kernel in exported.items():
+            tensors[roles[role].format(i=i)] = np.ascontiguousarray(np.asarray(kernel).T)
+    return tensors
+
+
+def save_hf_checkpoint(path, layers, *, tensors: Mapping | None = None,
+                       gate: str | None = None, up: str | None = None, down: str = HF_DOWN,
+                       gate_up: str | None = None, metadata: Mapping | None = None) -> None:
+    """Writes :func:`hf_checkpoint` of ``layers`` to a ``.safetensors`` file at ``path``.
+
+    ``tensors`` are the model's other tensors (embeddings, attention, norms) to write beside
+    them; where one has the name of an exported MLP tensor, the exported one is written.
+    ``metadata`` defaults to ``{"format": "pt"}``, which transformers' loader asks for.
+    Needs the ``safetensors`` package (``pip install 'jax_swiglu[hf]'``).
+    """
+    safetensors = _safetensors()
+    mlp = hf_checkpoint(layers, gate=gate, up=up, down=down, gate_up=gate_up)
+    others = {name: np.ascontiguousarray(np.asarray(value))
+              for name, value in (tensors or {}).items() if name not in mlp}
+    safetensors.numpy.save_file({**others, **mlp}, str(path),
+                                metadata=dict(metadata) if metadata is not None
+                                else {"format": "pt"})
 
 
 # --- nnx.Linear modules ----------------------------------------------------------------------

@@ -16,6 +16,7 @@ import flax.linen as nn  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jax_swiglu  # noqa: E402
+from jax_swiglu import convert  # noqa: E402
 from jax_swiglu import nn as swiglu_nn  # noqa: E402
 from jax_swiglu.nn import linen as swiglu_linen  # noqa: E402
 
@@ -326,3 +327,161 @@ def test_from_packed_builds_the_module_from_adapters_output(weights):
         swiglu_nn.FusedSwiGLUMLP.from_packed(packed, down.T)
     with pytest.raises(TypeError, match="layout='concatenated'"):
         swiglu_nn.FusedSwiGLUMLP.from_packed(jnp.concatenate([gate, up], axis=1), down)
+
+
+# --- whole Hugging Face checkpoints --------------------------------------------------------
+
+LAYERS = 3
+
+
+def _hf_state_dict(key, names=None, k=K, n=N, dtype=jnp.bfloat16):
+    """A small Llama-style state dict, [out, in] numpy tensors, MLPs and other tensors."""
+    names = names or {"gate": "model.layers.{i}.mlp.gate_proj.weight",
+                      "up": "model.layers.{i}.mlp.up_proj.weight",
+                      "down": "model.layers.{i}.mlp.down_proj.weight"}
+    sd = {"model.embed_tokens.weight": np.asarray(_draw(key, (10, k), dtype))}
+    for i in range(LAYERS):
+        keys = jax.random.split(jax.random.fold_in(key, i), 4)
+        sd[f"model.layers.{i}.input_layernorm.weight"] = np.ones(k, np.float32)
+        if "gate_up" in names:
+            sd[names["gate_up"].format(i=i)] = np.asarray(_draw(keys[0], (2 * n, k), dtype))
+        else:
+            sd[names["gate"].format(i=i)] = np.asarray(_draw(keys[0], (n, k), dtype))
+            sd[names["up"].format(i=i)] = np.asarray(_draw(keys[1], (n, k), dtype))
+        sd[names["down"].format(i=i)] = np.asarray(_draw(keys[2], (k, n), dtype))
+    return sd
+
+
+def _assert_bitwise(a, b):
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_a_state_dict_converts_layer_by_layer_and_exports_bit_exactly(key):
+    sd = _hf_state_dict(key)
+    before = {name: tensor.copy() for name, tensor in sd.items()}
+    layers = convert.pack_hf_checkpoint(sd)
+    assert len(layers) == LAYERS
+    x = random_x(key, (4, K))
+    for i, (packed, w_down) in enumerate(layers):
+        gate, up, down = (sd[f"model.layers.{i}.mlp.{p}_proj.weight"] for p in ("gate", "up",
+                                                                                  "down"))
+        _assert_bitwise(w_down, down.T)
+        np.testing.assert_array_equal(jax_swiglu.swiglu(x, packed),
+                                      jax_swiglu.swiglu_reference(x, gate.T, up.T))
+        # The fused module of the layer computes the Hugging Face block.
+        module = swiglu_nn.FusedSwiGLUMLP.from_packed(packed, w_down)
+        np.testing.assert_array_equal(module(x), _block_reference(x, gate.T, up.T, down.T))
+    exported = convert.hf_checkpoint(layers)
+    assert sorted(exported) == sorted(name for name in sd if ".mlp." in name)
+    for name, tensor in exported.items():
+        _assert_bitwise(tensor, sd[name])
+        assert tensor.flags.c_contiguous
+    for name, tensor in sd.items():  # nothing given was modified
+        _assert_bitwise(tensor, before[name])
+    # dtype= casts on the way in.
+    assert convert.pack_hf_checkpoint(sd, dtype=jnp.float16)[0][1].dtype == jnp.float16
+
+
+def test_safetensors_files_convert_and_export_bit_exactly(key, tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+    sd = _hf_state_dict(key)
+    single = tmp_path / "model.safetensors"
+    safetensors_numpy.save_file(sd, single)
+    # A sharded checkpoint: two files, layers split between them.
+    shards = tmp_path / "sharded"
+    shards.mkdir()
+    names = sorted(sd)
+    for part, chunk in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+        safetensors_numpy.save_file({name: sd[name] for name in chunk},
+                                    shards / f"model-0000{part + 1}-of-00002.safetensors")
+    expected = convert.pack_hf_checkpoint(sd)
+    for source in (single, str(single), shards, sorted(shards.glob("*.safetensors"))):
+        layers = convert.pack_hf_checkpoint(source)
+        for (packed, w_down), (want, want_down) in zip(layers, expected, strict=True):
+            _assert_bitwise(packed.data, want.data)
+            _assert_bitwise(w_down, want_down)
+    # Exported beside the model's other tensors, the file is the original, tensor for tensor.
+    others = {name: tensor for name, tensor in sd.items() if ".mlp." not in name}
+    out = tmp_path / "exported.safetensors"
+    convert.save_hf_checkpoint(out, expected, tensors=others)
+    again = safetensors_numpy.load_file(out)
+    assert sorted(again) == sorted(sd)
+    for name in sd:
+        _assert_bitwise(again[name], sd[name])
+    from safetensors import safe_open
+    with safe_open(str(out), framework="numpy") as f:
+        assert f.metadata() == {"format": "pt"}
+
+
+def test_other_naming_patterns_and_phi3s_concatenation(key):
+    mistral = {"gate": "layers.{i}.feed_forward.w1.weight", "up": "layers.{i}.feed_forward.w3.weight",
+               "down": "layers.{i}.feed_forward.w2.weight"}
+    sd = _hf_state_dict(key, mistral)
+    layers = convert.pack_hf_checkpoint(sd, **mistral)
+    x = random_x(key, (2, K))
+    gate, up = sd["layers.1.feed_forward.w1.weight"], sd["layers.1.feed_forward.w3.weight"]
+    np.testing.assert_array_equal(jax_swiglu.swiglu(x, layers[1][0]),
+                                  jax_swiglu.swiglu_reference(x, gate.T, up.T))
+    for name, tensor in convert.hf_checkpoint(layers, **mistral).items():
+        _assert_bitwise(tensor, sd[name])
+    # Phi-3: gate_up_proj.weight [2N, K], gate rows first.
+    phi3 = {"gate_up": convert.HF_GATE_UP, "down": convert.HF_DOWN}
+    sd = _hf_state_dict(key, phi3)
+    with pytest.raises(ValueError, match=r"holds gate_up_proj tensors .* pass gate_up="):
+        convert.pack_hf_checkpoint(sd)
+    layers = convert.pack_hf_checkpoint(sd, gate_up=convert.HF_GATE_UP)
+    gate_up = sd["model.layers.2.mlp.gate_up_proj.weight"]
+    np.testing.assert_array_equal(jax_swiglu.swiglu(x, layers[2][0]),
+                                  jax_swiglu.swiglu_reference(x, gate_up[:N].T, gate_up[N:].T))
+    for name, tensor in convert.hf_checkpoint(layers, gate_up=convert.HF_GATE_UP).items():
+        _assert_bitwise(tensor, sd[name])
+
+
+def test_one_layers_tensors_by_any_prefix(key):
+    sd = _hf_state_dict(key)
+    layer = {name: tensor for name, tensor in sd.items() if name.startswith("model.layers.1.")}
+    expected = convert.pack_hf(layer["model.layers.1.mlp.gate_proj.weight"],
+                               layer["model.layers.1.mlp.up_proj.weight"])
+    mlp_prefixed = {name.removeprefix("model.layers.1."): t for name, t in layer.items()}
+    for weights in (layer, mlp_prefixed):
+        _assert_bitwise(convert.pack_hf(weights).data, expected.data)
+        fused = swiglu_nn.fuse_hf_weights(weights)
+        _assert_bitwise(fused["gate_up_packed"]["kernel"], expected.data)
+    with pytest.raises(ValueError, match=r"3 tensors are named ...gate_proj.weight .*"
+                                         r"pack_hf_checkpoint"):
+        convert.pack_hf(sd)
+    with pytest.raises(ValueError, match="different prefixes"):
+        convert.pack_hf({"a.gate_proj.weight": layer["model.layers.1.mlp.gate_proj.weight"],
+                         "b.up_proj.weight": layer["model.layers.1.mlp.up_proj.weight"]})
+
+
+def test_bad_checkpoints_are_clear_errors(key, tmp_path):
+    sd = _hf_state_dict(key)
+    missing = {name: t for name, t in sd.items() if name != "model.layers.1.mlp.up_proj.weight"}
+    with pytest.raises(ValueError, match=r"layers 0 \.\. 2, but it lacks 1 of their tensors: "
+                                         r"\['model.layers.1.mlp.up_proj.weight'\]"):
+        convert.pack_hf_checkpoint(missing)
+    mismatched = {**sd, "model.layers.2.mlp.down_proj.weight": sd["model.layers.2.mlp.gate_proj.weight"]}
+    with pytest.raises(ValueError, match=r"layer 2: the MLP tensors must be gate and up \[N, K\], "
+                                         r"down \[K, N\]"):
+        convert.pack_hf_checkpoint(mismatched)
+    with pytest.raises(ValueError, match=r"no tensor of the checkpoint is named like "
+                                         r"gate='transformer.h.\{i\}.mlp.c_fc.weight'"):
+        convert.pack_hf_checkpoint(sd, gate="transformer.h.{i}.mlp.c_fc.weight")
+    with pytest.raises(ValueError, match=r"with \{i\} once"):
+        convert.pack_hf_checkpoint(sd, gate="model.layers.0.mlp.gate_proj.weight")
+    with pytest.raises(ValueError, match="not both"):
+        convert.pack_hf_checkpoint(sd, gate=convert.HF_GATE, gate_up=convert.HF_GATE_UP)
+    unaligned = _hf_state_dict(key, n=36)
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp: .*multiples of 8"):
+        convert.pack_hf_checkpoint(unaligned)
+    with pytest.raises(FileNotFoundError, match="no such checkpoint file"):
+        convert.pack_hf_checkpoint(tmp_path / "absent.safetensors")
+    (tmp_path / "model.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="not a .safetensors file"):
+        convert.pack_hf_checkpoint(tmp_path / "model.bin")
+    with pytest.raises(TypeError, match=r"layers\[0\] must be \(packed, w_down\)"):
+        convert.hf_checkpoint([convert.pack_hf_checkpoint(sd)[0][0]])

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 
-from .. import _layout, _reference
+from .. import _layout, _reference, convert
 from .._api import fused_mlp
 from .._reference import check_activation, swiglu_reference
 
@@ -263,16 +263,16 @@ def fuse_hf_weights(weights: Mapping, *, dtype=None) -> dict:
     ``weights`` holds ``"gate_proj.weight"`` [N, K], ``"up_proj.weight"`` [N, K] and
     ``"down_proj.weight"`` [K, N] as numpy or JAX arrays, or Phi-3's
     ``"gate_up_proj.weight"`` [2N, K] (gate rows first) instead of the first two: one
-    layer's ``...mlp.`` entries of a Qwen2.5/Llama/Phi-3 state dict with that prefix removed.
+    layer's entries of a Qwen2.5/Llama/Phi-3 state dict, bare or under their prefix
+    (``mlp.``, ``model.layers.3.mlp.``). Every layer at once:
+    :func:`jax_swiglu.convert.pack_hf_checkpoint`.
     """
-    if "gate_up_proj.weight" in weights:
+    tensors = convert._hf_layer_tensors(weights, with_down=True)
+    if "gate_up_proj.weight" in tensors:
         keys, unfused_keys = HF_CONCATENATED_KEYS, CONCATENATED_KEYS
     else:
         keys, unfused_keys = HF_KEYS, UNFUSED_KEYS
-    missing = [key for key in keys if key not in weights]
-    if missing:
-        raise ValueError(f"Hugging Face MLP weights lack {missing}; got keys {sorted(weights)}")
-    return fuse_params({name: {"kernel": jnp.asarray(weights[key]).T}
+    return fuse_params({name: {"kernel": jnp.asarray(tensors[key]).T}
                         for name, key in zip(unfused_keys, keys)}, dtype=dtype)
 
 
