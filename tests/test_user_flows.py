@@ -6,6 +6,12 @@ The fused modules take the XLA reference path here, so every output is compared 
 the reference on the weights as the user holds them.
 """
 
+import ast
+import builtins
+import re
+import types
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -485,3 +491,105 @@ def test_bad_checkpoints_are_clear_errors(key, tmp_path):
         convert.pack_hf_checkpoint(tmp_path / "model.bin")
     with pytest.raises(TypeError, match=r"layers\[0\] must be \(packed, w_down\)"):
         convert.hf_checkpoint([convert.pack_hf_checkpoint(sd)[0][0]])
+
+
+# --- the README's snippets, run as written -------------------------------------------------
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _readme_snippets():
+    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+def _names(code: str) -> tuple[set[str], set[str]]:
+    """(names a snippet reads, those it reads without ever defining them): the first are what
+    the test hands it, the second what the test must bind."""
+    tree = ast.parse(code)
+    imported = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    stored = {node.id for node in ast.walk(tree)
+              if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    read = {node.id for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    read -= imported | set(dir(builtins))
+    return read, read - stored
+
+
+def _bindings(key, tmp_path):
+    """Small random weights for every name the README's snippets use, as each snippet's comments
+    describe them, and what each name a snippet computes must then equal."""
+    gate, up, down = _draw(key, (K, N)), _draw(jax.random.fold_in(key, 1), (K, N)), \
+        _draw(jax.random.fold_in(key, 2), (N, K))
+    x = random_x(jax.random.fold_in(key, 3), (2, 5, K))
+    wi = jnp.stack([gate, up], axis=1)  # MaxText [embed, 2, mlp]
+    gating = jnp.stack([gate, up])  # Gemma [2, embed, mlp]
+    mlp_block = LlamaMLP(K, N, rngs=nnx.Rngs(4))
+    sd = _hf_state_dict(key)
+    others = {name: tensor for name, tensor in sd.items() if ".mlp." not in name}
+    pytest.importorskip("safetensors.numpy").save_file(sd, tmp_path / "model.safetensors")
+
+    class Model(nnx.Module):
+        def __init__(self):
+            self.blocks = nnx.List([LlamaMLP(K, N, rngs=nnx.Rngs(6)) for _ in range(2)])
+
+    hf_gate = sd["model.layers.0.mlp.gate_proj.weight"]
+    block = LlamaMLP(K, N, rngs=nnx.Rngs(7))
+    block_kernels = [getattr(block, name).kernel[...] for name in ("gate_proj", "up_proj",
+                                                                   "down_proj")]
+    names = {
+        "w_gate": gate, "w_up": up, "w_down": down, "x": x,
+        "mlp": {"wi": {"kernel": wi}}, "config": types.SimpleNamespace(transpose_gating_einsum=False),
+        "w": gating, "layer": types.SimpleNamespace(mlp=mlp_block),
+        "sd": {name.removeprefix("model.layers.0."): t for name, t in sd.items()},
+        "other_tensors": others, "model": Model(), "block": block,
+    }
+    same = lambda expected: lambda value: _assert_equal_trees(value, expected())  # noqa: E731
+    checks = {
+        "y": same(lambda: jax_swiglu.swiglu_reference(x, gate, up)),
+        "out": same(lambda: jax_swiglu.swiglu_reference(x, gate, up) @ down),
+        "wi": same(lambda: wi), "w": same(lambda: gating), "gate_weight": same(lambda: hf_gate),
+        "layers": same(lambda: convert.pack_hf_checkpoint(sd)),
+        "swapped": same(lambda: 2),
+        "fused": lambda fused: np.testing.assert_array_equal(
+            fused(x), _block_reference(x, *block_kernels)),
+    }
+    return names, checks
+
+
+def _assert_equal_trees(actual, expected):
+    assert jax.tree.structure(actual) == jax.tree.structure(expected)
+    for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_readme_snippets_run_as_written(key, tmp_path, monkeypatch, capsys):
+    snippets = _readme_snippets()
+    assert len(snippets) >= 3, "the README's python snippets moved: update this test"
+    monkeypatch.chdir(tmp_path)  # the snippets read and write files where they run
+    names, checks = _bindings(key, tmp_path)
+    checked = set()
+    for number, code in enumerate(snippets, 1):
+        read, free = _names(code)
+        unbound = sorted(free - set(names))
+        assert not unbound, (f"README snippet {number} uses {unbound}, which this test does not "
+                             "bind: add them to _bindings")
+        namespace = {name: value for name, value in names.items() if name in read}
+        exec(compile(code, f"README.md python snippet {number}", "exec"), namespace)
+        for name, check in checks.items():
+            if name in namespace:
+                check(namespace[name])
+                checked.add(name)
+    assert checked == set(checks), f"no snippet computes {sorted(set(checks) - checked)}"
+    assert "on cuda:" in capsys.readouterr().out  # explain printed its choice
+    # What the snippets exported and swapped is what they were given.
+    exported = safetensors_numpy_load(tmp_path / "out.safetensors")
+    sd = _hf_state_dict(key)
+    assert sorted(exported) == sorted(sd)
+    for tensor_name, tensor in sd.items():
+        _assert_bitwise(exported[tensor_name], tensor)
+    assert all(isinstance(b, swiglu_nn.FusedSwiGLUMLP) for b in names["model"].blocks)
+
+
+def safetensors_numpy_load(path):
+    return pytest.importorskip("safetensors.numpy").load_file(path)
