@@ -84,7 +84,7 @@ def check_fused_compute_dtype(dtype, x_dtype, param_dtype) -> None:
 
 
 def _two_names(names, what: str) -> tuple:
-    names = tuple(names)
+    names = (names,) if isinstance(names, str) else tuple(names)
     if len(names) == 3:
         # MaxText's stacked kernel [embed, num_activations, mlp]: the packed layout keeps each
         # gate/up pair inside the mlp axis, so the middle name has no axis of its own here.
