@@ -1,8 +1,8 @@
 """A published model with its MLP swapped: tunix's Llama 3 against the same model running
 jax_swiglu's fused MLP blocks (jax_swiglu.nn.swap_mlp_blocks).
 
-    python -m benchmarks.model_swap --out DIR                          # GPU: Llama-3.2-1B, 3.1-8B
-    python -m benchmarks.model_swap --models llama-3.1-8b --layers 8 --out DIR
+    python -m benchmarks.model_swap                                    # GPU: Llama-3.2-1B, 3.1-8B
+    python -m benchmarks.model_swap --models llama-3.1-8b --layers 8
     python -m benchmarks.model_swap --tiny --out DIR                   # a tiny Llama 3, any device
 
 Needs google-tunix (``tunix.models.llama3``) and flax. Each model is built from tunix's
@@ -23,7 +23,8 @@ against the original computed in float32 (the same weights, cast; --no-f32-refer
 it): the swapped model must be no farther from it than the bf16 original is (times
 F32_MARGIN), the bf16 tolerance that does not depend on the depth. Per call also: the kernel
 the selection picks for one MLP block, and the jax_swiglu custom calls in the lowered HLO.
-Writes DIR/<date>-model-swap.json and .md.
+Writes <date>-model-swap.json and .md to --out, by default benchmarks/results/<device>/ as
+bench_swiglu does.
 """
 
 from __future__ import annotations
@@ -352,9 +353,11 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="directory for the JSON and markdown")
+    parser.add_argument("--out", default=None,
+                        help="directory for the JSON and markdown (default: "
+                             "benchmarks/results/<device>/)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--tiny", action="store_true",
                         help="a tiny Llama 3 and small calls instead (quick, any device)")
@@ -373,7 +376,17 @@ def main(argv=None):
                              "take twice the bf16 model's memory)")
     parser.add_argument("--note", action="append", default=[],
                         help="a line for the head of the report; repeatable")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def default_out_dir(device: str) -> str:
+    """Where recorded runs of this device live, as bench_swiglu's default."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                        device.replace(" ", "_"))
+
+
+def main(argv=None):
+    args = parse_args(argv)
     small = args.tiny
     args.prefill_tokens = args.prefill_tokens or (64 if small else 2048)
     args.context = args.context or (64 if small else 2048)
@@ -382,8 +395,9 @@ def main(argv=None):
 
     llama3()  # fail early, before any work, where tunix is missing
     env = environment_lib.environment()
-    os.makedirs(args.out, exist_ok=True)
-    stem = bench_swiglu.output_stem(args.out, env["date"][:10], "-model-swap")
+    out = args.out or default_out_dir(env["device"])
+    os.makedirs(out, exist_ok=True)
+    stem = bench_swiglu.output_stem(out, env["date"][:10], "-model-swap")
     result = {"environment": env, "tunix": importlib.metadata.version("google-tunix"),
               "kernels_available": jax_swiglu.kernels_available(),
               "iterations": args.iterations, "rounds": args.rounds,

@@ -140,7 +140,7 @@ def run_case(model, k, n, m, mesh, iterations, cupti, key):
     hlo = fused.lower(xs, packed, w_down_s).compile().as_text()
     local_call = jax_swiglu.explain(
         jax.ShapeDtypeStruct((m // mesh.shape["data"], k), jnp.bfloat16),
-        jax_swiglu.PackedWeights(packed.data.addressable_shards[0].data, n // mesh.shape["model"]),
+        jax_swiglu.PackedWeights.from_packed_data(packed.data.addressable_shards[0].data, n // mesh.shape["model"]),
         platform="cuda")
     row = {
         "model": model, "m": m, "k": k, "n": n, "devices": devices,

@@ -39,6 +39,13 @@ Why this layout, and not the even/odd column interleave:
   global end of N, so a padded N cannot be sharded.
 
 So one packed array serves any M at run time, whichever kernel the lowering picks.
+
+Only :func:`pack_weights` writes this layout. It reads gate and up in a layout the caller
+names (:data:`SOURCE_LAYOUTS`: separate ``[K, N]`` matrices, the stacked ``[K, 2, N]`` form,
+or the ``[K, 2N]`` concatenation ``[gate | up]``), because a concatenation and a packed
+matrix have the same shape and nothing in the values tells them apart; for the same reason
+:class:`PackedWeights` has no public constructor from an array, only
+:meth:`PackedWeights.from_packed_data`, which states that the array is packed already.
 """
 
 from __future__ import annotations
@@ -67,9 +74,18 @@ def padded_n(n: int) -> int:
 class PackedWeights:
     """Gate and up weights in the kernels' packed layout (see module docstring).
 
-    Build it once, at load time, with :func:`pack_weights`. It is a pytree whose only
-    leaf is ``data`` (``[K, 2 * N_pad]``); the rest is static metadata, so it passes
-    through ``jax.jit``, ``vmap``, ``shard_map`` and checkpointing like an array.
+    Build it once, at load time, with :func:`pack_weights` (or an adapter of
+    :mod:`jax_swiglu.convert`). It is a pytree whose only leaf is ``data``
+    (``[K, 2 * N_pad]``); the rest is static metadata, so it passes through ``jax.jit``,
+    ``vmap``, ``shard_map`` and checkpointing like an array.
+
+    There is no public constructor from an array: a ``[K, 2 N]`` array has the packed
+    matrix's shape whatever its columns hold, and a plain ``[gate | up]`` concatenation
+    (what Phi-3 and vLLM call ``gate_up_proj``) read as packed gives wrong outputs with no
+    error. So the layout of the array is always named: :func:`pack_weights` takes gate and
+    up in a named source layout (``layout="concatenated"`` for that concatenation), and
+    :meth:`from_packed_data` takes an array that is already in this layout, such as a saved
+    ``packed.data``.
 
     ``n`` is stored only when ``data`` cannot tell it: when N was padded (N not a multiple
     of 32). Otherwise ``n`` is read off the data (``N = data.shape[-1] // 2``), so the same
@@ -79,17 +95,67 @@ class PackedWeights:
 
     __slots__ = ("data", "_n", "layout")
 
-    def __init__(self, data: Any, n: int | None = None, layout: str = LAYOUT):
+    def __init__(self, *args, **kwargs):
+        raise TypeError(
+            "PackedWeights is not built from an array directly, since an array of the packed "
+            "shape need not hold the packed layout (a [gate | up] concatenation has the same "
+            "shape and gives wrong outputs). Use jax_swiglu.pack_weights(w_gate, w_up) for [K, N] "
+            "gate and up weights, pack_weights(gate_up, layout='concatenated') for a [K, 2N] "
+            "concatenation [gate | up] (Phi-3's and vLLM's gate_up_proj, [in, out]), the "
+            "adapters of jax_swiglu.convert for model layouts, or "
+            "PackedWeights.from_packed_data(data, n) for an array already in jax_swiglu's "
+            "packed layout (a saved packed.data)")
+
+    @classmethod
+    def _wrap(cls, data: Any, n: int | None, layout: str) -> PackedWeights:
+        """The object around ``data``, unchecked: for this module and the pytree rebuild
+        (whose leaves may be tracers, shardings or other placeholders)."""
         if n is not None and n % GATE_UP_BLOCK == 0:
             shape = getattr(data, "shape", None)
             if shape is None or shape[-1:] == (2 * n,):
                 n = None  # the data says it; an inconsistent n stays, for validate()
-        object.__setattr__(self, "data", data)
-        object.__setattr__(self, "_n", n)
-        object.__setattr__(self, "layout", layout)
+        packed = object.__new__(cls)
+        object.__setattr__(packed, "data", data)
+        object.__setattr__(packed, "_n", n)
+        object.__setattr__(packed, "layout", layout)
+        return packed
+
+    @classmethod
+    def from_packed_data(cls, data: Any, n: int, *, layout: str = LAYOUT) -> PackedWeights:
+        """Wraps ``data`` that is **already** in jax_swiglu's packed layout.
+
+        For a matrix this package packed before, such as ``packed.data`` saved to a
+        checkpoint and loaded again: ``PackedWeights.from_packed_data(data, packed.n)``.
+        Nothing here can tell a packed matrix from another one of the same shape, so this
+        is your statement that it is one; gate and up in any other layout go through
+        :func:`pack_weights`.
+
+        Args:
+          data: ``[K, 2 * N_pad]`` (an array, or a ``jax.ShapeDtypeStruct`` for
+            :func:`jax_swiglu.explain`).
+          n: N, the number of gate (and up) columns, before the padding to 32.
+          layout: the layout tag saved with the data (``PackedWeights.layout``); data of
+            another layout (an earlier version's) is refused.
+
+        Raises:
+          ValueError: if ``data``'s shape does not fit ``n`` or the layout is not this one.
+        """
+        if not (hasattr(data, "shape") and hasattr(data, "dtype")):
+            raise TypeError(f"data must be an array [K, 2 * N_pad], got {type(data).__name__}")
+        if isinstance(n, bool) or not hasattr(n, "__index__"):
+            raise TypeError(f"n must be an int (N, the gate and up columns), got {n!r}")
+        n = int(n)
+        _check_weight("data", data)
+        packed = cls._wrap(data, n, layout)
+        packed.validate()
+        return packed
 
     def __setattr__(self, name, value):
         raise AttributeError(f"PackedWeights is immutable; cannot set {name!r}")
+
+    def __reduce__(self):
+        # Pickling and copy.deepcopy rebuild it around the same data, as the pytree does.
+        return _rebuild_packed, (self.data, self._n, self.layout)
 
     def __repr__(self):
         n = "" if self._n is None else f", n={self._n}"
@@ -100,7 +166,7 @@ class PackedWeights:
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(children[0], *aux)
+        return cls._wrap(children[0], *aux)
 
     @property
     def n(self) -> int:
@@ -144,6 +210,10 @@ class PackedWeights:
                 f"jax_swiglu.pack_weights (or was modified since){hint}")
 
 
+def _rebuild_packed(data, n, layout) -> PackedWeights:
+    return PackedWeights._wrap(data, n, layout)
+
+
 def shard_n(n: int, shards: int) -> int:
     """N of each of ``shards`` equal shards of a packed matrix split along its last axis.
 
@@ -182,19 +252,84 @@ def _check_weight(name: str, w) -> None:
         raise TypeError(f"{name} must be a floating-point array, got dtype {w.dtype}")
 
 
-def pack_weights(w_gate, w_up=None, *, dtype=None) -> PackedWeights:
+# The layouts in which pack_weights takes gate and up (and unpack_weights gives them back).
+SOURCE_LAYOUTS = {
+    "separate": "w_gate and w_up, [K, N] each",
+    "stacked": "one [K, 2, N] array, gate at [:, 0] and up at [:, 1] (tokamax, TransformerEngine)",
+    "concatenated": ("one [K, 2N] array [gate | up], gate in columns :N (Phi-3's and vLLM's "
+                     "gate_up_proj, as an [in, out] kernel)"),
+}
+
+
+def _check_source_layout(layout) -> None:
+    if layout not in SOURCE_LAYOUTS:
+        raise ValueError(f"layout must be one of {tuple(SOURCE_LAYOUTS)}, got {layout!r}")
+
+
+def _split_source(w_gate, w_up, layout):
+    """(w_gate, w_up) out of pack_weights' arguments in the named (or evident) layout."""
+    if w_up is not None:
+        if layout not in (None, "separate"):
+            _check_source_layout(layout)
+            raise ValueError(
+                f"layout={layout!r} is one array ({SOURCE_LAYOUTS[layout]}): pass it alone, "
+                "pack_weights(w, layout=...); two arrays are layout='separate'")
+        return w_gate, w_up
+    if layout is not None:
+        _check_source_layout(layout)
+    if not (hasattr(w_gate, "shape") and hasattr(w_gate, "dtype")):
+        raise TypeError(f"pack_weights takes arrays, got {type(w_gate).__name__}")
+    _check_weight("w_gate", w_gate)
+    shape = tuple(w_gate.shape)
+    if layout == "concatenated":
+        if len(shape) != 2 or shape[1] % 2:
+            raise ValueError(
+                f"layout='concatenated' is {SOURCE_LAYOUTS['concatenated']}; got shape {shape}")
+        n = shape[1] // 2
+        return w_gate[:, :n], w_gate[:, n:]
+    if layout == "separate":
+        raise ValueError("layout='separate' takes two arrays: pack_weights(w_gate, w_up)")
+    if len(shape) == 3 and shape[1] == 2:  # stacked, named or not: no other reading of it
+        return w_gate[:, 0], w_gate[:, 1]
+    if layout == "stacked":
+        raise ValueError(f"layout='stacked' is {SOURCE_LAYOUTS['stacked']}; got shape {shape}")
+    if len(shape) == 2:
+        raise ValueError(
+            f"pack_weights(w) got one [K, 2N]-like array {shape}, which does not say its layout. "
+            "If it is the concatenation [gate | up] (Phi-3's and vLLM's gate_up_proj, [in, out]), "
+            "pass layout='concatenated'; if it is jax_swiglu's own packed data (a saved "
+            "packed.data), wrap it with PackedWeights.from_packed_data(data, n); separate "
+            "weights are pack_weights(w_gate, w_up)")
+    raise ValueError(
+        f"pack_weights(w) takes the stacked [K, 2, N] form or, with layout='concatenated', "
+        f"[K, 2N]; got shape {shape}. Pass separate weights as pack_weights(w_gate, w_up)")
+
+
+def pack_weights(w_gate, w_up=None, *, layout: str | None = None, dtype=None) -> PackedWeights:
     """Packs gate and up projection weights for :func:`jax_swiglu.swiglu`.
 
+    The weights come in one of three layouts (:data:`SOURCE_LAYOUTS`), kernels ``[in, out]``
+    (``x @ w``):
+
+    * ``pack_weights(w_gate, w_up)``: ``[K, N]`` each (``layout="separate"``);
+    * ``pack_weights(w)``: the stacked ``[K, 2, N]`` form (``[:, 0]`` gate, ``[:, 1]`` up)
+      used by tokamax and TransformerEngine (``layout="stacked"``, evident from the shape);
+    * ``pack_weights(w, layout="concatenated")``: ``[K, 2N]``, the concatenation
+      ``[gate | up]`` along N, gate first, that Phi-3 and vLLM store as ``gate_up_proj``.
+      A single 2-D array is refused without ``layout=``: it could as well be packed data
+      already (:meth:`PackedWeights.from_packed_data` wraps that).
+
     Args:
-      w_gate: ``[K, N]`` gate weights (``x @ w_gate``), or the stacked ``[K, 2, N]``
-        form (``[:, 0]`` gate, ``[:, 1]`` up) used by tokamax and TransformerEngine, in
-        which case ``w_up`` must be omitted.
-      w_up: ``[K, N]`` up weights.
+      w_gate: ``[K, N]`` gate weights, or the one array of the stacked or concatenated form.
+      w_up: ``[K, N]`` up weights, with separate ``w_gate``.
+      layout: ``"separate"``, ``"stacked"`` or ``"concatenated"``; by default separate for
+        two arrays and stacked for one ``[K, 2, N]`` array.
       dtype: optional dtype to cast to (the kernels run bfloat16 and float16).
 
     Returns:
       A :class:`PackedWeights` holding ``[K, 2 * N_pad]`` with ``N_pad`` = N rounded up to
-      32. Do this once when the weights are loaded, not per call.
+      32. Do this once when the weights are loaded, not per call. The arguments are not
+      modified; :func:`unpack_weights` gives them back exactly.
 
     Weights sharded along N (column parallel) give packed data sharded the same way along
     its last axis, with no communication: each shard packs its own columns. That needs N to
@@ -203,13 +338,7 @@ def pack_weights(w_gate, w_up=None, *, dtype=None) -> PackedWeights:
     ``jax.jit`` with automatic mesh axes the sharding is not known yet and this check
     cannot run: pack concrete arrays, at load time, or use explicit mesh axes.)
     """
-    if w_up is None:
-        _check_weight("w_gate", w_gate)
-        if w_gate.ndim != 3 or w_gate.shape[1] != 2:
-            raise ValueError(
-                "pack_weights(w) takes the stacked [K, 2, N] form; got shape "
-                f"{tuple(w_gate.shape)}. Pass separate weights as pack_weights(w_gate, w_up)")
-        w_gate, w_up = w_gate[:, 0], w_gate[:, 1]
+    w_gate, w_up = _split_source(w_gate, w_up, layout)
     _check_weight("w_gate", w_gate)
     _check_weight("w_up", w_up)
     if w_gate.ndim != 2 or w_up.ndim != 2:
@@ -233,7 +362,8 @@ def pack_weights(w_gate, w_up=None, *, dtype=None) -> PackedWeights:
         w_gate, w_up = w_gate.astype(dtype), w_up.astype(dtype)
 
     pad = [(0, 0), (0, padded_n(n) - n)]
-    return PackedWeights(interleave_gate_up(jnp.pad(w_gate, pad), jnp.pad(w_up, pad)), n)
+    return PackedWeights._wrap(interleave_gate_up(jnp.pad(w_gate, pad), jnp.pad(w_up, pad)), n,
+                               LAYOUT)
 
 
 def interleave_gate_up(gate, up):
@@ -254,10 +384,19 @@ def _transpose_quads(runs):
     return runs.reshape(*lead, *_RUN_AXES).swapaxes(-3, -2).reshape(*lead, width)
 
 
-def unpack_weights(packed: PackedWeights):
-    """Inverse of :func:`pack_weights`: returns ``(w_gate, w_up)``, each ``[K, N]``."""
+def unpack_weights(packed: PackedWeights, *, layout: str = "separate"):
+    """Inverse of :func:`pack_weights`, exact: the gate and up weights in ``layout``.
+
+    ``"separate"`` (the default) returns ``(w_gate, w_up)``, each ``[K, N]``; ``"stacked"``
+    one ``[K, 2, N]`` array; ``"concatenated"`` one ``[K, 2N]`` array ``[gate | up]``.
+    """
+    _check_source_layout(layout)
     packed = as_packed(packed, "packed")
     gate, up = split_gate_up(packed.data, packed.n)
+    if layout == "stacked":
+        return jnp.stack([gate, up], axis=1)
+    if layout == "concatenated":
+        return jnp.concatenate([gate, up], axis=1)
     return gate, up
 
 
@@ -293,9 +432,15 @@ def as_packed(packed, argname: str) -> PackedWeights:
         return packed
     shape = getattr(packed, "shape", None)
     if shape is not None:
-        hint = (
-            "a stacked [K, 2, N] weight" if len(shape) == 3 and shape[1] == 2
-            else f"an array of shape {tuple(shape)}")
+        if len(shape) == 3 and shape[1] == 2:
+            hint = "a stacked [K, 2, N] weight: pack it with pack_weights(w)"
+        elif len(shape) == 2:
+            hint = (f"an array of shape {tuple(shape)}. If it is the concatenation [gate | up] "
+                    "(Phi-3's and vLLM's gate_up_proj, [in, out]), pack it with "
+                    "pack_weights(gate_up, layout='concatenated'); if it is jax_swiglu's packed "
+                    "data (a saved packed.data), wrap it: PackedWeights.from_packed_data(data, n)")
+        else:
+            hint = f"an array of shape {tuple(shape)}"
         raise TypeError(
             f"{argname} must be PackedWeights from jax_swiglu.pack_weights(w_gate, w_up); got "
             f"{hint}. Pack the gate and up weights once, at load time")

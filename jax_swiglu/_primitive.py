@@ -387,7 +387,7 @@ batching.primitive_batchers[swiglu_p] = _batch
 
 INFERENCE_ONLY = (
     "jax_swiglu is inference-only: its fused kernels have no gradient. Train with the "
-    "reference, jax_swiglu.swiglu_reference(x, w_gate, w_up) (same math), or pass its "
+    "reference, jax_swiglu.swiglu_reference(x, packed) (same math), or pass its "
     "inputs through jax.lax.stop_gradient if no gradient is needed through it.")
 
 

@@ -61,20 +61,50 @@ class QuantizedWeights:
     Build it with :func:`quantize_weights`. A pytree with leaves ``data``
     (``[2 * N_pad, K]`` fp8) and ``scales`` (``[2 * N_pad]`` or ``[]`` fp32); ``n`` (stored
     when padded, as in :class:`~jax_swiglu.PackedWeights`), the scale mode and the layout
-    are static.
+    are static. As with :class:`~jax_swiglu.PackedWeights` there is no public constructor
+    from arrays (an fp8 ``[2N, K]`` matrix of another checkpoint, such as vLLM's fp8
+    ``gate_up_proj``, has this shape in another column order): fp8 data this package
+    quantized before is wrapped with :meth:`from_packed_data`.
     """
 
     __slots__ = ("data", "scales", "_n", "scale_mode", "layout")
 
-    def __init__(self, data: Any, scales: Any, n: int | None = None,
-                 scale_mode: str = "per_channel", layout: str = LAYOUT):
+    def __init__(self, *args, **kwargs):
+        raise TypeError(
+            "QuantizedWeights is not built from arrays directly, since fp8 data of this shape "
+            "need not be in jax_swiglu's packed order. Quantize gate and up with "
+            "jax_swiglu.quantize_weights(w_gate, w_up), or wrap fp8 data that quantize_weights "
+            "made before with QuantizedWeights.from_packed_data(data, scales, n, scale_mode)")
+
+    @classmethod
+    def _wrap(cls, data: Any, scales: Any, n: int | None, scale_mode: str,
+              layout: str) -> QuantizedWeights:
+        """The object around the arrays, unchecked (this module and the pytree rebuild)."""
         if n is not None and n % _layout.GATE_UP_BLOCK == 0:
             shape = getattr(data, "shape", None)
             if shape is None or shape[:1] == (2 * n,):
                 n = None  # the data says it
+        weights = object.__new__(cls)
         for name, value in (("data", data), ("scales", scales), ("_n", n),
                             ("scale_mode", scale_mode), ("layout", layout)):
-            object.__setattr__(self, name, value)
+            object.__setattr__(weights, name, value)
+        return weights
+
+    @classmethod
+    def from_packed_data(cls, data: Any, scales: Any, n: int, scale_mode: str = "per_channel",
+                         *, layout: str = LAYOUT) -> QuantizedWeights:
+        """Wraps fp8 ``data`` (``[2 * N_pad, K]``) and its fp32 ``scales`` that
+        :func:`quantize_weights` made, e.g. saved and loaded again; ``n`` is N before the
+        padding, ``layout`` the tag saved with them. Raises if they do not fit together."""
+        if isinstance(n, bool) or not hasattr(n, "__index__"):
+            raise TypeError(f"n must be an int (N, the gate and up columns), got {n!r}")
+        n = int(n)
+        for name, value in (("data", data), ("scales", scales)):
+            if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+                raise TypeError(f"{name} must be an array, got {type(value).__name__}")
+        weights = cls._wrap(data, scales, n, scale_mode, layout)
+        weights.validate()
+        return weights
 
     def __setattr__(self, name, value):
         raise AttributeError(f"QuantizedWeights is immutable; cannot set {name!r}")
@@ -87,9 +117,12 @@ class QuantizedWeights:
     def tree_flatten(self):
         return (self.data, self.scales), (self._n, self.scale_mode, self.layout)
 
+    def __reduce__(self):
+        return _rebuild_quantized, (self.data, self.scales, self._n, self.scale_mode, self.layout)
+
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children, *aux)
+        return cls._wrap(*children, *aux)
 
     @property
     def n(self) -> int:
@@ -132,6 +165,10 @@ class QuantizedWeights:
                              f"{expected}, got {tuple(self.scales.shape)}")
 
 
+def _rebuild_quantized(data, scales, n, scale_mode, layout) -> QuantizedWeights:
+    return QuantizedWeights._wrap(data, scales, n, scale_mode, layout)
+
+
 def quantize_weights(w_gate, w_up, *, dtype=jnp.float8_e4m3fn,
                      scale: str = "per_channel") -> QuantizedWeights:
     """Quantizes gate and up ``[K, N]`` weights to fp8 once, at load time.
@@ -168,7 +205,7 @@ def quantize_weights(w_gate, w_up, *, dtype=jnp.float8_e4m3fn,
     amax = jnp.max(jnp.abs(packed), axis=0 if scale == "per_channel" else None)
     scales, inverse = _scales(amax, dtype)
     data = _cast(packed * inverse, dtype).T  # [2 N_pad, K]: K-major
-    return QuantizedWeights(data, scales, n, scale)
+    return QuantizedWeights._wrap(data, scales, n, scale, LAYOUT)
 
 
 def dequantize_weights(weights: QuantizedWeights):

@@ -55,19 +55,55 @@ def gated(gate_f32, up_f32, activation: str = "silu"):
     return ACTIVATIONS[activation](gate_f32) * up_f32
 
 
-def swiglu_reference(x, w_gate, w_up, *, activation: str = "silu"):
+def swiglu_reference(x, w_gate, w_up=None, *, activation: str = "silu", x_scale=None):
     """``act(x @ w_gate) * (x @ w_up)``: fp32 accumulation and math, rounded once.
+
+    Takes the weights as they are, ``swiglu_reference(x, w_gate, w_up)``, or as
+    :func:`jax_swiglu.swiglu` takes them, ``swiglu_reference(x, packed)``: so code that
+    trains (the fused call is inference only) switches by this one name. This path is
+    plain XLA, differentiable, and runs any float dtype.
 
     Args:
       x: ``[..., K]``.
-      w_gate, w_up: ``[K, N]``.
+      w_gate, w_up: ``[K, N]``; or ``w_gate`` alone, a :class:`~jax_swiglu.PackedWeights`
+        (or fp8 :class:`~jax_swiglu.QuantizedWeights`, which gives
+        :func:`swiglu_reference_quantized`).
       activation: ``"silu"`` (SwiGLU, the default) or ``"gelu_tanh"`` (GeGLU,
         ``jax.nn.gelu(g, approximate=True)``).
+      x_scale: with fp8 weights and an fp8 ``x`` only, as in :func:`jax_swiglu.swiglu`.
 
     Returns:
       ``[..., N]`` in ``x.dtype``.
     """
+    if w_up is None:
+        return _reference_on_swiglu_arguments(x, w_gate, activation, x_scale)
+    if x_scale is not None:
+        raise ValueError("x_scale is for fp8 weights (QuantizedWeights) only")
     return gated(_dot_f32(x, w_gate), _dot_f32(x, w_up), activation).astype(x.dtype)
+
+
+def _reference_on_swiglu_arguments(x, weights, activation, x_scale):
+    """:func:`swiglu_reference` on ``swiglu``'s ``(x, packed)``, checked as ``swiglu`` checks."""
+    check_activation(activation)
+    if isinstance(weights, _quantize.QuantizedWeights):
+        return swiglu_reference_quantized(x, weights, x_scale=x_scale, activation=activation)
+    if x_scale is not None:
+        raise ValueError("x_scale is for fp8 weights (QuantizedWeights); these are "
+                         f"{type(weights).__name__}")
+    if not isinstance(weights, _layout.PackedWeights) and hasattr(weights, "shape"):
+        raise TypeError(
+            "swiglu_reference takes (x, w_gate, w_up) or, as swiglu, (x, packed); got one "
+            f"array of shape {tuple(weights.shape)} for the weights. Pass w_up too, or pack "
+            "them (jax_swiglu.pack_weights)")
+    packed = _layout.as_packed(weights, "packed")
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")) or x.ndim < 1:
+        raise TypeError(f"x must be an array [..., K], got {type(x).__name__}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"x must be a floating-point array, got {x.dtype}")
+    if x.shape[-1] != packed.k:
+        raise ValueError(
+            f"x has K={x.shape[-1]} (shape {tuple(x.shape)}) but the weights have K={packed.k}")
+    return swiglu_reference_packed(x, packed.data, packed.n, activation)
 
 
 def swiglu_reference_packed(x, packed_data, n: int, activation: str = "silu"):

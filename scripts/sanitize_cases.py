@@ -199,7 +199,7 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
                 quantized[model] = jax_swiglu.quantize_weights(gate, up)
             weights = quantized[model] if fp8 else packed
             fn = fused(launch, (lambda w: w) if fp8
-                       else (lambda data, n=n: jax_swiglu.PackedWeights(data, n)))
+                       else (lambda data, n=n: jax_swiglu.PackedWeights.from_packed_data(data, n)))
             for m in ms(row):
                 cases += 1
                 label = (f"tool={tool} kernel={row.family}{'-fp8' if fp8 else ''} "

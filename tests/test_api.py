@@ -94,7 +94,7 @@ def test_grad_is_refused_as_inference_only(key):
     with pytest.raises(NotImplementedError, match="inference-only"):
         jax.grad(lambda x: swiglu(x, packed).astype(jnp.float32).sum())(x)
     with pytest.raises(NotImplementedError, match="inference-only"):
-        jax.grad(lambda d: swiglu(x, jax_swiglu.PackedWeights(d, packed.n))
+        jax.grad(lambda d: swiglu(x, jax_swiglu.PackedWeights.from_packed_data(d, packed.n))
                  .astype(jnp.float32).sum())(packed.data)
     # No gradient needed through it (inputs under stop_gradient): fine.
     g = jax.grad(lambda x: swiglu(jax.lax.stop_gradient(x), packed).astype(jnp.float32).sum()

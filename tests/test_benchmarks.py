@@ -384,3 +384,16 @@ def test_fp8_benchmark_targets_and_report():
     text = bench_fp8.markdown({"environment": {"device": "GPU", "date": "2026-12-01", "git": "x"},
                                "iterations": 10, "rounds": 3, "rows": rows})
     assert "| qwen2.5-7b | 2048 | 400.0 |" in text and "| no |" in text
+
+
+def test_model_swap_runs_as_the_readme_writes_it():
+    """`python -m benchmarks.model_swap`, with no arguments, writes where recorded runs live
+    (the run itself needs tunix: tests/test_model_swap.py)."""
+    from benchmarks import model_swap
+    readme = (REPO / "README.md").read_text()
+    command = re.search(r"`python -m benchmarks\.model_swap([^`]*)`", readme).group(1).split()
+    args = model_swap.parse_args(command)
+    assert args.out is None and args.models == list(model_swap.MODELS)
+    assert model_swap.default_out_dir("NVIDIA H200") == str(
+        REPO / "benchmarks" / "results" / "NVIDIA_H200")
+    assert model_swap.parse_args(["--tiny", "--out", "somewhere"]).out == "somewhere"

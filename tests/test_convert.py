@@ -153,9 +153,9 @@ def test_hf_dict_form_is_nn_s(key):
                "up_proj.weight": _random(ku, (40, 64), jnp.bfloat16),
                "down_proj.weight": _random(kd, (64, 40), jnp.bfloat16)}
     fused = convert.fuse_hf_weights(weights)
-    _assert_same(fused["gate_up_proj"]["kernel"],
-                 nn.fuse_hf_weights(weights)["gate_up_proj"]["kernel"])
-    _assert_same(fused["gate_up_proj"]["kernel"],
+    _assert_same(fused["gate_up_packed"]["kernel"],
+                 nn.fuse_hf_weights(weights)["gate_up_packed"]["kernel"])
+    _assert_same(fused["gate_up_packed"]["kernel"],
                  convert.pack_hf(weights["gate_proj.weight"], weights["up_proj.weight"]).data)
     for name, tensor in convert.fused_to_hf_weights(fused).items():
         _assert_same(tensor, weights[name])
@@ -249,6 +249,31 @@ def test_set_linear_kernels_duck_typed(key):
         _assert_same(getattr(target, name).kernel, getattr(source, name).kernel)
 
 
+@PARAMS
+def test_concatenated_linears(key, k, n):
+    """A block with gate_up_proj ([K, 2N], [gate | up], Phi-3) and down_proj: read as the
+    concatenation it is, and written back as one."""
+    kg, kd = jax.random.split(key)
+    layer = types.SimpleNamespace
+    gate_up = _random(kg, (k, 2 * n), jnp.bfloat16)
+    mlp = types.SimpleNamespace(gate_up_proj=layer(kernel=gate_up),
+                                down_proj=layer(kernel=_random(kd, (n, k), jnp.bfloat16)))
+    packed, w_down = convert.pack_linears(mlp)
+    gate, up = unpack_weights(packed)
+    _assert_same(gate, gate_up[:, :n])
+    _assert_same(up, gate_up[:, n:])
+    _check_runs(key, packed, gate, up, lambda x: _silu_gate(
+        *jnp.split(_einsum_f32("...k,kn->...n", x, gate_up), 2, axis=-1), x.dtype))
+    target = types.SimpleNamespace(gate_up_proj=layer(kernel=jnp.zeros_like(gate_up)),
+                                   down_proj=layer(kernel=jnp.zeros_like(w_down)))
+    convert.set_linear_kernels(target, packed, w_down)
+    _assert_same(target.gate_up_proj.kernel, gate_up)
+    _assert_same(target.down_proj.kernel, mlp.down_proj.kernel)
+    with pytest.raises(ValueError, match=r"gate_up_proj / down_proj .*concatenated.*\[K, 2N\]"):
+        convert.pack_linears(types.SimpleNamespace(gate_up_proj=layer(kernel=gate_up[:, :-1]),
+                                                   down_proj=mlp.down_proj))
+
+
 # --- bad input -------------------------------------------------------------------------------
 
 def _zeros(*shape, dtype=jnp.bfloat16):
@@ -313,6 +338,8 @@ def _mlp(gate, up, down, **extra):
     [
         (types.SimpleNamespace(gate_proj=None), TypeError,
          r"gate_proj', 'up_proj', 'down_proj'\] linear layers.*has no \['up_proj', 'down_proj'\]"),
+        (types.SimpleNamespace(gate_up_proj=None), TypeError,
+         r"\['gate_up_proj', 'down_proj'\]\), or the three layers; .*has no \['down_proj'\]"),
         (_mlp(_zeros(64, 96), _zeros(64, 96), _zeros(64, 96)), ValueError,
          r"down_proj.kernel must be \[N, K\] = \[96, 64\]"),
         (_mlp(_zeros(64, 96), _zeros(64, 40), _zeros(96, 64)), ValueError,

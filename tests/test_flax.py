@@ -98,7 +98,7 @@ def test_jax_jit_and_nnx_jit(key):
 
 def test_param_dtype_is_cast_at_call_time(key):
     _, fused32 = _modules(64, 128, param_dtype=jnp.float32)
-    assert fused32.gate_up_proj.kernel.dtype == jnp.float32
+    assert fused32.gate_up_packed.kernel.dtype == jnp.float32
     fused16 = swiglu_nn.FusedSwiGLUMLP.from_params(_params(fused32), param_dtype=jnp.bfloat16)
     x = random_x(key, (4, 64))
     y = fused32(x)
@@ -168,7 +168,7 @@ def test_gelu_tanh_modules_compute_geglu(key):
 def test_unfused_fused_round_trips_are_exact(key, dtype):
     unfused = _random_unfused(key, 64, 200, dtype)  # N=200: padded to 224 when packed
     fused = swiglu_nn.fuse_params(unfused)
-    assert fused["gate_up_proj"]["kernel"].shape == (64, 448)
+    assert fused["gate_up_packed"]["kernel"].shape == (64, 448)
     _assert_trees_equal(swiglu_nn.unfuse_params(fused), unfused)
     _assert_trees_equal(swiglu_nn.fuse_params(swiglu_nn.unfuse_params(fused)), fused)
 
@@ -209,7 +209,7 @@ def test_fuse_mlp_blocks_swaps_every_block(key):
         _assert_trees_equal(fused["layers"][str(i)]["mlp"],
                             swiglu_nn.fuse_params(tree["layers"][str(i)]["mlp"]))
         _assert_trees_equal(fused["layers"][str(i)]["norm"], scale)
-    assert sorted(fused["extra_mlp"]) == ["down_proj", "gate_up_proj", "norm"]
+    assert sorted(fused["extra_mlp"]) == ["down_proj", "gate_up_packed", "norm"]
     _assert_trees_equal(fused["embed"], tree["embed"])
     _assert_trees_equal(swiglu_nn.unfuse_mlp_blocks(fused), tree)
     with pytest.raises(ValueError, match="found no unfused MLP block"):
@@ -242,7 +242,7 @@ def test_param_shapes_and_counts_as_documented(k, n, n_pad):
     shapes = lambda module: jax.tree.map(jnp.shape, _params(module))
     assert shapes(reference) == {"gate_proj": {"kernel": (k, n)}, "up_proj": {"kernel": (k, n)},
                                  "down_proj": {"kernel": (n, k)}}
-    assert shapes(fused) == {"gate_up_proj": {"kernel": (k, 2 * n_pad)},
+    assert shapes(fused) == {"gate_up_packed": {"kernel": (k, 2 * n_pad)},
                              "down_proj": {"kernel": (n, k)}}
     assert _count(_params(reference)) == 3 * k * n
     assert _count(_params(fused)) == 2 * k * n_pad + n * k
@@ -256,13 +256,13 @@ def test_logical_axis_names(key):
     P = jax.sharding.PartitionSpec
     gate_up, down = P("embed", "mlp"), P("mlp", "embed")
     assert nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(fused))) == {
-        "gate_up_proj": {"kernel": gate_up}, "down_proj": {"kernel": down}}
+        "gate_up_packed": {"kernel": gate_up}, "down_proj": {"kernel": down}}
     assert nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(reference))) == {
         "gate_proj": {"kernel": gate_up}, "up_proj": {"kernel": gate_up},
         "down_proj": {"kernel": down}}
     x = random_x(key, (2, 64))
     linen_specs = {
-        swiglu_linen.FusedSwiGLUMLP(128): {"gate_up_proj": gate_up, "down_proj": down},
+        swiglu_linen.FusedSwiGLUMLP(128): {"gate_up_packed": gate_up, "down_proj": down},
         swiglu_linen.SwiGLUMLP(128): {"gate_proj": gate_up, "up_proj": gate_up, "down_proj": down},
     }
     for module, expected in linen_specs.items():
@@ -276,7 +276,7 @@ def test_eager_sharding_under_a_mesh_follows_the_logical_rules():
     with jax.set_mesh(mesh), nnx.logical_axis_rules((("embed", None), ("mlp", "model"))):
         fused = swiglu_nn.FusedSwiGLUMLP(64, 128, rngs=nnx.Rngs(0))
     P = jax.sharding.PartitionSpec
-    assert fused.gate_up_proj.kernel[...].sharding.spec == P(None, "model")
+    assert fused.gate_up_packed.kernel[...].sharding.spec == P(None, "model")
     assert fused.down_proj.kernel[...].sharding.spec == P("model", None)
 
 
@@ -296,7 +296,7 @@ def test_bad_configurations():
     with pytest.raises(TypeError, match="exactly one of rngs= .* and params="):
         swiglu_nn.FusedSwiGLUMLP(64, 128)
     fused = swiglu_nn.fuse_params(_random_unfused(jax.random.key(0), 64, 128))
-    with pytest.raises(ValueError, match=r"gate_up_proj kernel must have shape \(64, 512\)"):
+    with pytest.raises(ValueError, match=r"gate_up_packed kernel must have shape \(64, 512\)"):
         swiglu_nn.FusedSwiGLUMLP(64, 256, params=fused)
 
 

@@ -1,5 +1,8 @@
 """The packed gate/up layout: round trips, the exact column mapping, and bad weights."""
 
+import copy
+import pickle
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +11,7 @@ import pytest
 import jax_swiglu
 from jax_swiglu import GATE_UP_BLOCK, PackedWeights, pack_weights, swiglu, unpack_weights
 
-from helpers import random_weights
+from helpers import random_weights, random_x
 
 
 @pytest.mark.parametrize("n", [8, 64, 200, 4864])
@@ -67,9 +70,86 @@ def test_packed_is_a_pytree(key):
     assert len(leaves) == 1 and leaves[0] is packed.data
     again = jax.tree_util.tree_unflatten(tree, leaves)
     assert again.n == packed.n and again.layout == packed.layout
-    # Passes through jit with its metadata intact.
+    # JAX rebuilds it around other leaves too (placeholders, shardings), unchecked.
+    assert jax.tree_util.tree_unflatten(tree, [None]).data is None
+    # Passes through jit with its metadata intact, and is rebuilt around tracers under vmap.
     out = jax.jit(lambda p: p)(packed)
     assert isinstance(out, PackedWeights) and out.n == 64
+    stacked = jax.tree.map(lambda data: jnp.stack([data, 2 * data]), packed)
+    x = random_x(key, (3, 16))
+    ys = jax.vmap(swiglu, in_axes=(None, 0))(x, stacked)
+    np.testing.assert_array_equal(ys[0], swiglu(x, packed))
+    # copy and pickle give the same weights.
+    for copied in (copy.deepcopy(packed), pickle.loads(pickle.dumps(packed))):
+        assert copied.n == packed.n and copied.layout == packed.layout
+        np.testing.assert_array_equal(copied.data, packed.data)
+
+
+def test_packed_weights_cannot_be_built_from_an_array(key):
+    """The issue's case: a [gate | up] concatenation has the packed shape, and read as packed it
+    gives wrong outputs; so an array never becomes PackedWeights without naming its layout."""
+    w_gate, w_up = random_weights(key, 32, 64)
+    concatenated = jnp.concatenate([w_gate, w_up], axis=1)
+    with pytest.raises(TypeError, match="layout='concatenated'"):
+        PackedWeights(concatenated, 64)
+    with pytest.raises(TypeError, match="from_packed_data"):
+        PackedWeights(data=concatenated, n=64)
+    with pytest.raises(ValueError, match="layout='concatenated'"):
+        pack_weights(concatenated)
+    x = random_x(key, (4, 32))
+    with pytest.raises(TypeError, match="layout='concatenated'.*from_packed_data"):
+        swiglu(x, concatenated)
+    # Named, the concatenation is an input layout like any other ...
+    expected = jax_swiglu.swiglu_reference(x, w_gate, w_up)
+    from_concatenation = pack_weights(concatenated, layout="concatenated")
+    np.testing.assert_array_equal(from_concatenation.data, pack_weights(w_gate, w_up).data)
+    np.testing.assert_array_equal(swiglu(x, from_concatenation), expected)
+    # ... and what declaring it packed would have given is wrong, which is why it is refused.
+    declared = PackedWeights.from_packed_data(concatenated, 64)
+    assert not np.array_equal(np.asarray(swiglu(x, declared)), np.asarray(expected))
+
+
+@pytest.mark.parametrize("n", [64, 200])
+def test_every_source_layout_round_trips(key, n):
+    w_gate, w_up = random_weights(key, 16, n)
+    sources = {"separate": (w_gate, w_up), "stacked": (jnp.stack([w_gate, w_up], axis=1),),
+               "concatenated": (jnp.concatenate([w_gate, w_up], axis=1),)}
+    reference = pack_weights(w_gate, w_up)
+    for layout, arrays in sources.items():
+        packed = pack_weights(*arrays, layout=layout)
+        assert packed.n == n
+        np.testing.assert_array_equal(packed.data, reference.data)
+        back = unpack_weights(packed, layout=layout)
+        for got, given in zip(back if layout == "separate" else (back,), arrays):
+            assert got.shape == given.shape and got.dtype == given.dtype
+            np.testing.assert_array_equal(got, given)
+
+
+def test_packing_does_not_modify_its_inputs(key):
+    w_gate, w_up = (np.asarray(w) for w in random_weights(key, 16, 40))
+    concatenated = np.concatenate([w_gate, w_up], axis=1)
+    before = [w.copy() for w in (w_gate, w_up, concatenated)]
+    pack_weights(w_gate, w_up, dtype=jnp.float16)
+    pack_weights(concatenated, layout="concatenated")
+    for w, copy_before in zip((w_gate, w_up, concatenated), before):
+        np.testing.assert_array_equal(w, copy_before)
+
+
+def test_from_packed_data_wraps_saved_data(key):
+    packed = pack_weights(*random_weights(key, 32, 200))  # padded: n must be given
+    again = PackedWeights.from_packed_data(np.asarray(packed.data), 200)
+    assert again.n == 200 and again.n_padded == 224
+    x = random_x(key, (4, 32))
+    np.testing.assert_array_equal(swiglu(x, again), swiglu(x, packed))
+    # Under jit, around a traced array.
+    y = jax.jit(lambda d: swiglu(x, PackedWeights.from_packed_data(d, 200)))(packed.data)
+    np.testing.assert_array_equal(y, swiglu(x, packed))
+    with pytest.raises(ValueError, match=r"n=256 needs \[K, 512\]"):
+        PackedWeights.from_packed_data(packed.data, 256)
+    with pytest.raises(TypeError, match="n must be an int"):
+        PackedWeights.from_packed_data(packed.data, None)
+    with pytest.raises(TypeError, match="floating-point"):
+        PackedWeights.from_packed_data(packed.data.astype(jnp.int8), 200)
 
 
 @pytest.mark.parametrize(
@@ -91,8 +171,23 @@ def test_bad_shapes(args, error, match):
 def test_bad_stacked_form():
     with pytest.raises(ValueError, match=r"stacked \[K, 2, N\]"):
         pack_weights(jnp.zeros((16, 3, 64), jnp.bfloat16))
-    with pytest.raises(ValueError, match=r"stacked \[K, 2, N\]"):
+    with pytest.raises(ValueError, match="does not say its layout"):
         pack_weights(jnp.zeros((16, 64), jnp.bfloat16))
+
+
+@pytest.mark.parametrize("arrays, layout, match", [
+    (((16, 2, 64),), "concatenated", r"concatenated' is one \[K, 2N\] array"),
+    (((16, 63),), "concatenated", r"concatenated' is one \[K, 2N\] array"),
+    (((16, 128),), "stacked", r"stacked' is one \[K, 2, N\] array"),
+    (((16, 128),), "separate", "takes two arrays"),
+    (((16, 64), (16, 64)), "concatenated", "pass it alone"),
+    (((16, 128),), "interleaved", "layout must be one of"),
+])
+def test_bad_source_layouts(arrays, layout, match):
+    with pytest.raises(ValueError, match=match):
+        pack_weights(*(jnp.zeros(shape, jnp.bfloat16) for shape in arrays), layout=layout)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        unpack_weights(pack_weights(jnp.zeros((16, 64)), jnp.zeros((16, 64))), layout="rows")
 
 
 def test_bad_dtypes():
@@ -105,16 +200,20 @@ def test_bad_dtypes():
 def test_tampered_packed_weights_are_refused(key):
     packed = pack_weights(*random_weights(key, 16, 64))
     with pytest.raises(ValueError, match="not built by jax_swiglu.pack_weights"):
-        PackedWeights(packed.data[:, :64], packed.n).validate()
+        PackedWeights.from_packed_data(packed.data[:, :64], packed.n)
     with pytest.raises(ValueError, match="layout"):
-        PackedWeights(packed.data, packed.n, layout="even_odd").validate()
-    # Weights packed by an earlier version, in 64-column blocks, are refused at trace time.
-    old = PackedWeights(packed.data, packed.n, layout="gate_up_block64")
+        PackedWeights.from_packed_data(packed.data, packed.n, layout="even_odd")
+    # Weights packed by an earlier version, in 64-column blocks, are refused ...
+    with pytest.raises(ValueError, match="pack the weights again"):
+        PackedWeights.from_packed_data(packed.data, packed.n, layout="gate_up_block64")
+    # ... and so are those of the 32-column blocks before the quad transpose (2026-11-30),
+    # also where the pytree rebuilds them (which checks nothing) and they reach a call.
+    old = PackedWeights._wrap(packed.data, packed.n, "gate_up_block32")
     with pytest.raises(ValueError, match="pack the weights again"):
         jax.jit(swiglu).trace(jnp.zeros((4, 16), jnp.bfloat16), old)
-    # ... and so are those of the 32-column blocks before the quad transpose (2026-11-30).
-    old = PackedWeights(packed.data, packed.n, layout="gate_up_block32")
-    with pytest.raises(ValueError, match="pack the weights again"):
-        jax.jit(swiglu).trace(jnp.zeros((4, 16), jnp.bfloat16), old)
+    # Data changed through the pytree is checked when it is used.
+    half = jax.tree.map(lambda data: data[:, :32], packed)
+    with pytest.raises(ValueError, match="whole gate/up pairs"):
+        jax.jit(swiglu).trace(jnp.zeros((4, 16), jnp.bfloat16), half)
     with pytest.raises(TypeError, match="PackedWeights"):
         unpack_weights(packed.data)

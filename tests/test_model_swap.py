@@ -153,7 +153,7 @@ def test_swapped_blocks_carry_the_logical_axis_names():
     swap_mlp_blocks(model)
     P = jax.sharding.PartitionSpec
     assert nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(model.layers[0].mlp))) == {
-        "gate_up_proj": {"kernel": P("embed", "mlp")}, "down_proj": {"kernel": P("mlp", "embed")}}
+        "gate_up_packed": {"kernel": P("embed", "mlp")}, "down_proj": {"kernel": P("mlp", "embed")}}
 
 
 def test_a_shared_block_is_swapped_once_everywhere():

@@ -5,6 +5,8 @@ Criterion, as the issue states it: no element more than 1 % + 1e-3 off
 ``swiglu_reference_quantized`` (fp32 math on the dequantized x and weights).
 """
 
+import copy
+import dataclasses
 import functools
 import re
 
@@ -233,16 +235,31 @@ def test_bad_quantize_arguments():
 
 
 def test_bad_scales_are_refused(quantized):
+    n = quantized.n
+    with pytest.raises(ValueError, match="scales .per_channel. must have shape"):
+        QuantizedWeights.from_packed_data(quantized.data, quantized.scales[:64], n)
+    with pytest.raises(TypeError, match="scales must be float32"):
+        QuantizedWeights.from_packed_data(quantized.data, quantized.scales.astype(jnp.bfloat16), n)
+    with pytest.raises(TypeError, match="data must be float8"):
+        QuantizedWeights.from_packed_data(quantized.data.astype(jnp.bfloat16), quantized.scales, n)
+    # Arrays changed through the pytree (which rebuilds without checks) are refused at trace time.
     x = jax.ShapeDtypeStruct((4, 64), jnp.bfloat16)
-    wrong_shape = QuantizedWeights(quantized.data, quantized.scales[:64])
+    wrong_shape = jax.tree.map(lambda a: a[:64] if a.ndim == 1 else a, quantized)
     with pytest.raises(ValueError, match="scales .per_channel. must have shape"):
         jax.jit(swiglu).trace(x, wrong_shape)
-    wrong_dtype = QuantizedWeights(quantized.data, quantized.scales.astype(jnp.bfloat16))
-    with pytest.raises(TypeError, match="scales must be float32"):
-        jax.jit(swiglu).trace(x, wrong_dtype)
-    not_fp8 = QuantizedWeights(quantized.data.astype(jnp.bfloat16), quantized.scales)
-    with pytest.raises(TypeError, match="data must be float8"):
-        jax.jit(swiglu).trace(x, not_fp8)
+
+
+def test_quantized_weights_are_built_by_quantize_weights_or_named(quantized):
+    with pytest.raises(TypeError, match="quantize_weights"):
+        QuantizedWeights(quantized.data, quantized.scales)
+    again = QuantizedWeights.from_packed_data(quantized.data, quantized.scales, quantized.n,
+                                              quantized.scale_mode)
+    x = random_x(jax.random.key(14), (4, 64))
+    np.testing.assert_array_equal(swiglu(x, again), swiglu(x, quantized))
+    copied = copy.deepcopy(quantized)
+    assert copied.n == quantized.n and copied.scale_mode == quantized.scale_mode
+    np.testing.assert_array_equal(np.asarray(copied.data).view(np.uint8),
+                                  np.asarray(quantized.data).view(np.uint8))
 
 
 def test_bad_fp8_calls_are_refused(quantized):

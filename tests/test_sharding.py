@@ -90,7 +90,7 @@ def test_n_is_read_off_the_data_unless_padded(key):
     packed = pack_weights(w_gate, w_up)
     # An explicit n that the data implies is dropped: one tree structure for both.
     assert (jax.tree_util.tree_structure(packed)
-            == jax.tree_util.tree_structure(PackedWeights(packed.data, 256)))
+            == jax.tree_util.tree_structure(PackedWeights.from_packed_data(packed.data, 256)))
     # A run of whole pairs (what shard_map hands its body) is packed weights of its own.
     shard = jax.tree.map(lambda data: data[:, 128:384], packed)
     assert shard.n == 128
@@ -118,7 +118,7 @@ def test_half_a_pair_is_refused(key):
 def test_explicit_n_that_contradicts_the_data_is_refused(key):
     packed = pack_weights(*random_weights(key, 32, 256))
     with pytest.raises(ValueError, match="not built by jax_swiglu.pack_weights"):
-        PackedWeights(packed.data, 128).validate()
+        PackedWeights.from_packed_data(packed.data, 128)
 
 
 def test_packed_weights_are_immutable(key):

@@ -4,8 +4,13 @@
 :class:`FusedSwiGLUMLP` runs the block through :func:`jax_swiglu.fused_mlp`;
 :class:`SwiGLUMLP` is the same block in plain XLA (the reference, and the layout that
 checkpoints and other Flax models use). Both have no biases and work under ``nnx.jit`` and
-``jax.jit``. Convert with :meth:`FusedSwiGLUMLP.from_unfused` / :meth:`~FusedSwiGLUMLP.to_unfused`,
-or on param dicts with the functions in :mod:`jax_swiglu.nn`.
+``jax.jit``. They follow ``nnx.Linear``'s conventions: ``dtype=None`` computes in the
+promoted dtype of the input and the params, ``param_dtype`` is the stored dtype,
+``kernel_init`` may carry logical axis names (``nnx.with_partitioning``), and an abstract
+module (``nnx.eval_shape``) takes its weights with ``nnx.update``. Convert with
+:meth:`FusedSwiGLUMLP.from_unfused` (any block of gate/up/down linear layers) /
+:meth:`~FusedSwiGLUMLP.to_unfused`, or on param dicts with the functions in
+:mod:`jax_swiglu.nn`.
 """
 
 from __future__ import annotations
@@ -17,25 +22,56 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .. import _api, _layout, selection
+from .. import _api, _layout, _reference, convert, selection
 from . import _common
 
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
 
 default_kernel_init = nnx.initializers.lecun_normal()
 
-
-def _eager_sharding() -> bool:
-    # Flax places a Variable on its mesh at creation when eager sharding is on, which needs a
-    # mesh; with none in context the axis names are metadata (nnx.get_partition_spec reads them).
-    return nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
+# Where a Variable's metadata keeps its logical axis names: out_sharding in flax 0.12,
+# sharding_names and sharding in earlier versions.
+_SHARDING_METADATA = ("out_sharding", "sharding_names", "sharding")
+_SAME = object()  # from_unfused's "keep the block's own" default
 
 
 class Projection(nnx.Module):
-    """One weight matrix stored as ``kernel`` (``nnx.Linear``'s layout) with logical axis names."""
+    """One weight matrix stored as ``kernel`` (``nnx.Linear``'s layout) with logical axis names.
 
-    def __init__(self, kernel: jax.Array, axes: tuple[str, str]):
-        self.kernel = nnx.Param(kernel, out_sharding=axes, eager_sharding=_eager_sharding())
+    ``metadata`` is what else the initializer attached (``nnx.with_partitioning``'s mesh, say).
+    """
+
+    def __init__(self, kernel: jax.Array, axes: tuple, metadata: Mapping | None = None):
+        metadata = dict(metadata or {})
+        # Flax places a Variable on its mesh at creation when eager sharding is on, which needs
+        # a mesh; with none in context (or given) the axis names are metadata that
+        # nnx.get_partition_spec reads.
+        has_mesh = (metadata.get("mesh") is not None
+                    or not jax.sharding.get_abstract_mesh().empty)
+        eager = metadata.pop("eager_sharding", nnx.using_eager_sharding() and has_mesh)
+        self.kernel = nnx.Param(kernel, out_sharding=axes, eager_sharding=eager, **metadata)
+
+
+def _draw(kernel_init: Initializer, key, shape, dtype):
+    """(kernel, its axis names or None, other metadata) from one call of ``kernel_init``,
+    which returns an array, or one in ``nnx.VariableMetadata`` (``nnx.with_partitioning``)."""
+    value = kernel_init(key, shape, dtype)
+    if not isinstance(value, nnx.VariableMetadata):
+        return value, None, {}
+    metadata = dict(value.metadata)
+    names = None
+    for name in _SHARDING_METADATA:
+        names = metadata.pop(name, names)
+    return value.raw_value, names, metadata
+
+
+def _variable_names(kernel):
+    """The logical axis names an existing kernel Variable carries, or None."""
+    metadata = kernel.get_metadata() if isinstance(kernel, nnx.Variable) else {}
+    for name in _SHARDING_METADATA:
+        if metadata.get(name) is not None:
+            return metadata[name]
+    return None
 
 
 def _weights(params: Mapping | None, rngs: nnx.Rngs | None, draw: Callable[[nnx.Rngs], dict],
@@ -46,23 +82,39 @@ def _weights(params: Mapping | None, rngs: nnx.Rngs | None, draw: Callable[[nnx.
         raise TypeError("pass exactly one of rngs= (random weights) and params= (given weights)")
     if params is None:
         params = draw(rngs)
+    elif layout == "fused":
+        _common.check_fused_keys(params)
     kernels = {}
     for name, shape in shapes.items():
         kernel = jnp.asarray(_common.kernel_of(params, name, layout))
         if kernel.shape != shape:
             raise ValueError(f"{name} kernel must have shape {shape}, got {tuple(kernel.shape)}")
+        if not jnp.issubdtype(kernel.dtype, jnp.floating):
+            raise TypeError(f"{name} kernel must be floating-point, got {kernel.dtype}")
         kernels[name] = kernel.astype(param_dtype)
     return kernels
+
+
+def _drawn_unfused(kernel_init, rngs, k, n, param_dtype):
+    """(gate/up/down params, the axis names kernel_init gave the gate kernel, metadata)."""
+    gate, names, metadata = _draw(kernel_init, rngs.params(), (k, n), param_dtype)
+    up, _, _ = _draw(kernel_init, rngs.params(), (k, n), param_dtype)
+    # The same initializer names down [N, K] as it names gate and up [K, N]; its names
+    # come from gate's, reversed (logical_axes).
+    down, _, _ = _draw(kernel_init, rngs.params(), (n, k), param_dtype)
+    params = {"gate_proj": {"kernel": gate}, "up_proj": {"kernel": up},
+              "down_proj": {"kernel": down}}
+    return params, names, metadata
 
 
 class SwiGLUMLP(nnx.Module):
     """The unfused reference block: ``down_proj(act(gate_proj(x)) * up_proj(x))``, plain XLA.
 
     Computes exactly :func:`jax_swiglu.swiglu_reference` (fp32 products and activation,
-    rounded once to ``dtype``) followed by the down dot in ``dtype``.
+    rounded once to the computation dtype) followed by the down dot in it.
 
     Params, 3*K*N in all (K = ``hidden_size``, N = ``intermediate_size``), [in, out] as in
-    ``nnx.Linear``, with logical axis names:
+    ``nnx.Linear``, with logical axis names (``kernel_axes``, by default these):
 
     * ``gate_proj.kernel`` [K, N], ``('embed', 'mlp')``
     * ``up_proj.kernel``   [K, N], ``('embed', 'mlp')``
@@ -71,52 +123,64 @@ class SwiGLUMLP(nnx.Module):
     Args:
       hidden_size, intermediate_size: K and N.
       dtype: the computation dtype; inputs and weights are cast to it, outputs are in it.
+        ``None``: the promoted dtype of the input and the params, as ``nnx.Linear``.
       param_dtype: the stored dtype of the weights.
       activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU).
-      kernel_init: initializer of the three kernels (drawn gate, up, down in that order).
+      kernel_init: initializer of the three kernels (drawn gate, up, down in that order). It
+        may name the axes, ``nnx.with_partitioning(init, ('embed', 'mlp'))``: the names of
+        gate and up ([in, out]), which down takes the other way round.
+      kernel_axes: the gate/up kernel's logical axis names, ``(embed, mlp)``, or MaxText's
+        ``('embed', 'num_activations', 'mlp')`` (its middle axis, gate vs up, has no axis of
+        its own here). Default: kernel_init's names, else ``('embed', 'mlp')``.
       rngs: draws random weights; or
       params: given weights, ``{"gate_proj": {"kernel": ...}, "up_proj": ..., "down_proj": ...}``.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, dtype=jnp.bfloat16,
                  param_dtype=jnp.bfloat16, activation: str = "silu",
-                 kernel_init: Initializer = default_kernel_init,
+                 kernel_init: Initializer = default_kernel_init, kernel_axes=None,
                  rngs: nnx.Rngs | None = None, params: Mapping | None = None):
         _common.check_activation(activation)
         k, n = hidden_size, intermediate_size
+        drawn = {}
 
         def draw(rngs):
-            return {"gate_proj": {"kernel": kernel_init(rngs.params(), (k, n), param_dtype)},
-                    "up_proj": {"kernel": kernel_init(rngs.params(), (k, n), param_dtype)},
-                    "down_proj": {"kernel": kernel_init(rngs.params(), (n, k), param_dtype)}}
+            params, drawn["names"], drawn["metadata"] = _drawn_unfused(kernel_init, rngs, k, n,
+                                                                       param_dtype)
+            return params
 
         kernels = _weights(params, rngs, draw,
                            {"gate_proj": (k, n), "up_proj": (k, n), "down_proj": (n, k)},
                            param_dtype, "unfused")
-        self.gate_proj = Projection(kernels["gate_proj"], _common.GATE_UP_AXES)
-        self.up_proj = Projection(kernels["up_proj"], _common.GATE_UP_AXES)
-        self.down_proj = Projection(kernels["down_proj"], _common.DOWN_AXES)
+        gate_up_axes, down_axes = _common.logical_axes(kernel_axes, drawn.get("names"))
+        metadata = drawn.get("metadata")
+        self.gate_proj = Projection(kernels["gate_proj"], gate_up_axes, metadata)
+        self.up_proj = Projection(kernels["up_proj"], gate_up_axes, metadata)
+        self.down_proj = Projection(kernels["down_proj"], down_axes, metadata)
         self.hidden_size = k
         self.intermediate_size = n
-        self.dtype = jnp.dtype(dtype)
+        self.dtype = None if dtype is None else jnp.dtype(dtype)
         self.param_dtype = jnp.dtype(param_dtype)
         self.activation = activation
+        self.kernel_axes = gate_up_axes
 
     @classmethod
     def from_params(cls, params: Mapping, *, dtype=jnp.bfloat16, param_dtype=None,
-                    activation: str = "silu") -> SwiGLUMLP:
+                    activation: str = "silu", kernel_axes=None) -> SwiGLUMLP:
         """From unfused params; ``param_dtype`` defaults to the kernels' own dtype."""
         down = jnp.asarray(_common.kernel_of(params, "down_proj", "unfused"))
         n, k = down.shape
         param_dtype = down.dtype if param_dtype is None else param_dtype
         return cls(k, n, dtype=dtype, param_dtype=param_dtype, activation=activation,
-                   params=params)
+                   kernel_axes=kernel_axes, params=params)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """``[..., K] -> [..., K]`` in ``dtype``."""
+        """``[..., K] -> [..., K]`` in the computation dtype."""
+        x = jnp.asarray(x)
+        gate, up, down = (getattr(self, name).kernel[...] for name in _common.UNFUSED_KEYS)
         return _common.reference_forward(
-            x, self.gate_proj.kernel[...], self.up_proj.kernel[...], self.down_proj.kernel[...],
-            dtype=self.dtype, activation=self.activation)
+            x, gate, up, down, dtype=_common.compute_dtype(self.dtype, x, gate, up, down),
+            activation=self.activation)
 
 
 class FusedSwiGLUMLP(nnx.Module):
@@ -127,16 +191,25 @@ class FusedSwiGLUMLP(nnx.Module):
     fused kernel, elsewhere as the XLA reference; the down projection is an XLA dot.
 
     Params, 2*K*N_pad + N*K in all (N_pad = N rounded up to 32; 3*K*N when N is a multiple
-    of 32, as for every Qwen2.5 size), with logical axis names:
+    of 32, as for every Qwen2.5 size), with logical axis names (``kernel_axes``):
 
-    * ``gate_up_proj.kernel`` [K, 2*N_pad], ``('embed', 'mlp')``: gate and up interleaved in
-      32-column blocks, so a shard of the ``mlp`` axis in multiples of 64 columns keeps
-      each gate column beside its up column.
+    * ``gate_up_packed.kernel`` [K, 2*N_pad], ``('embed', 'mlp')``: gate and up interleaved
+      in 32-column blocks, so a shard of the ``mlp`` axis in multiples of 64 columns keeps
+      each gate column beside its up column. (Not ``gate_up_proj``: that name means the
+      plain concatenation ``[gate | up]``, which :meth:`from_unfused` and
+      :func:`jax_swiglu.nn.fuse_params` convert.)
     * ``down_proj.kernel``    [N, K], ``('mlp', 'embed')``.
+
+    Build it with random weights (``rngs=``), from fused params (``params=``,
+    :meth:`from_params`), from :class:`~jax_swiglu.PackedWeights` (:meth:`from_packed`), from
+    any unfused block (:meth:`from_unfused`), or abstractly with ``nnx.eval_shape`` and then
+    ``nnx.update(module, state)`` with a checkpoint's fused state.
 
     Args:
       hidden_size, intermediate_size: K and N, multiples of 8.
-      dtype: the computation dtype, bfloat16 or float16; outputs are in it.
+      dtype: the computation dtype, bfloat16 or float16; outputs are in it. ``None``: the
+        promoted dtype of the input and the params, as ``nnx.Linear(dtype=None)``; it must be
+        bfloat16 or float16 at call time (a clear error says so otherwise).
       param_dtype: the stored dtype. If it differs from ``dtype``, every call casts all the
         weights first: float32 storage reads 4 and writes 2 bytes per weight before the block
         reads its 2, about 4x the weight traffic of storing ``dtype`` (which dominates at
@@ -145,69 +218,128 @@ class FusedSwiGLUMLP(nnx.Module):
       activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU), as in
         :func:`jax_swiglu.swiglu`.
       kernel_init: initializer, drawn gate, up, down in that order as :class:`SwiGLUMLP`
-        does, so the same ``rngs`` give both modules the same weights.
+        does, so the same ``rngs`` give both modules the same weights. It may name the axes
+        (``nnx.with_partitioning``), as in :class:`SwiGLUMLP`.
+      kernel_axes: the logical axis names, as in :class:`SwiGLUMLP`; the packed matrix takes
+        the gate/up kernel's.
       rngs: draws random weights; or
-      params: given fused weights, ``{"gate_up_proj": {"kernel": ...}, "down_proj": ...}``.
+      params: given fused weights, ``{"gate_up_packed": {"kernel": ...}, "down_proj": ...}``
+        (:func:`jax_swiglu.nn.fuse_params` makes them from any unfused layout).
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, dtype=jnp.bfloat16,
                  param_dtype=jnp.bfloat16, kernel: str = "auto", activation: str = "silu",
-                 kernel_init: Initializer = default_kernel_init,
+                 kernel_init: Initializer = default_kernel_init, kernel_axes=None,
                  rngs: nnx.Rngs | None = None, params: Mapping | None = None):
-        _common.check_kernel_dtype(dtype)
+        if dtype is not None:
+            _common.check_kernel_dtype(dtype)
         selection.check_kernel_name(kernel)
         _common.check_activation(activation)
         k, n = hidden_size, intermediate_size
         _layout.check_alignment(k, n)
+        drawn = {}
 
         def draw(rngs):
-            gate = kernel_init(rngs.params(), (k, n), param_dtype)
-            up = kernel_init(rngs.params(), (k, n), param_dtype)
-            down = kernel_init(rngs.params(), (n, k), param_dtype)
-            return _common.fuse_params({"gate_proj": {"kernel": gate}, "up_proj": {"kernel": up},
-                                        "down_proj": {"kernel": down}})
+            unfused, drawn["names"], drawn["metadata"] = _drawn_unfused(kernel_init, rngs, k, n,
+                                                                        param_dtype)
+            return _common.fuse_params(unfused)
 
         kernels = _weights(params, rngs, draw,
-                           {"gate_up_proj": (k, 2 * _layout.padded_n(n)), "down_proj": (n, k)},
+                           {"gate_up_packed": (k, 2 * _layout.padded_n(n)), "down_proj": (n, k)},
                            param_dtype, "fused")
-        self.gate_up_proj = Projection(kernels["gate_up_proj"], _common.GATE_UP_AXES)
-        self.down_proj = Projection(kernels["down_proj"], _common.DOWN_AXES)
+        gate_up_axes, down_axes = _common.logical_axes(kernel_axes, drawn.get("names"))
+        metadata = drawn.get("metadata")
+        self.gate_up_packed = Projection(kernels["gate_up_packed"], gate_up_axes, metadata)
+        self.down_proj = Projection(kernels["down_proj"], down_axes, metadata)
         self.hidden_size = k
         self.intermediate_size = n
-        self.dtype = jnp.dtype(dtype)
+        self.dtype = None if dtype is None else jnp.dtype(dtype)
         self.param_dtype = jnp.dtype(param_dtype)
         self.kernel = kernel
         self.activation = activation
+        self.kernel_axes = gate_up_axes
 
     @classmethod
     def from_params(cls, params: Mapping, *, dtype=jnp.bfloat16, param_dtype=None,
-                    kernel: str = "auto", activation: str = "silu") -> FusedSwiGLUMLP:
+                    kernel: str = "auto", activation: str = "silu",
+                    kernel_axes=None) -> FusedSwiGLUMLP:
         """From fused params (see :func:`jax_swiglu.nn.fuse_params`, ``fuse_hf_weights``);
         ``param_dtype`` defaults to the kernels' own dtype."""
+        _common.check_fused_keys(params)
         down = jnp.asarray(_common.kernel_of(params, "down_proj", "fused"))
+        if down.ndim != 2:
+            raise ValueError(f"down_proj kernel must be [N, K], got shape {tuple(down.shape)}")
         n, k = down.shape
         param_dtype = down.dtype if param_dtype is None else param_dtype
         return cls(k, n, dtype=dtype, param_dtype=param_dtype, kernel=kernel,
-                   activation=activation, params=params)
+                   activation=activation, kernel_axes=kernel_axes, params=params)
 
     @classmethod
-    def from_unfused(cls, mlp: SwiGLUMLP, *, kernel: str = "auto") -> FusedSwiGLUMLP:
-        """The same block, packed once; keeps ``mlp``'s dtype, param_dtype and activation."""
-        params = _common.fuse_params(nnx.to_pure_dict(nnx.state(mlp, nnx.Param)))
-        return cls(mlp.hidden_size, mlp.intermediate_size, dtype=mlp.dtype,
-                   param_dtype=mlp.param_dtype, kernel=kernel, activation=mlp.activation,
-                   params=params)
+    def from_packed(cls, packed: _layout.PackedWeights, w_down, *, dtype=jnp.bfloat16,
+                    param_dtype=None, kernel: str = "auto", activation: str = "silu",
+                    kernel_axes=None) -> FusedSwiGLUMLP:
+        """From :class:`~jax_swiglu.PackedWeights` and ``w_down`` ``[N, K]``, as
+        :func:`jax_swiglu.convert.pack_hf_checkpoint` and the other adapters return them;
+        ``param_dtype`` defaults to the packed weights' dtype."""
+        packed = _layout.as_packed(packed, "packed")
+        w_down = jnp.asarray(w_down)
+        if w_down.shape != (packed.n, packed.k):
+            raise ValueError(f"w_down must be [N, K] = [{packed.n}, {packed.k}] for these packed "
+                             f"weights, got {tuple(w_down.shape)}")
+        param_dtype = packed.dtype if param_dtype is None else param_dtype
+        return cls(packed.k, packed.n, dtype=dtype, param_dtype=param_dtype, kernel=kernel,
+                   activation=activation, kernel_axes=kernel_axes,
+                   params={"gate_up_packed": {"kernel": packed.data},
+                           "down_proj": {"kernel": w_down}})
+
+    @classmethod
+    def from_unfused(cls, mlp, *, kernel: str = "auto", activation: str | None = None,
+                     dtype=_SAME, param_dtype=None, kernel_axes=None) -> FusedSwiGLUMLP:
+        """The same block, gate and up packed once, from any module of linear layers.
+
+        ``mlp`` is a :class:`SwiGLUMLP` or any block (your own ``LlamaMLP``, tunix's ``MLP``)
+        whose ``gate_proj``, ``up_proj`` and ``down_proj`` are bias-free linear layers with a
+        ``.kernel`` ``[in, out]`` (``nnx.Linear(..., use_bias=False)``), or whose
+        ``gate_up_proj`` holds gate and up concatenated, ``[gate | up]`` (Phi-3), beside
+        ``down_proj``. A block that holds more (a bias, LoRA factors, a custom
+        ``dot_general``) is refused: the fused block would drop it. ``mlp`` is not modified.
+
+        Args:
+          mlp: the block.
+          kernel: as in :func:`jax_swiglu.swiglu`.
+          activation: what the block applies to the gate; by default the one it states (an
+            ``activation``, ``act_fn`` or ``hidden_act`` attribute, as a name or a function),
+            else ``"silu"``. The block's code cannot be read: name ``"gelu_tanh"`` for a
+            Gemma block that does not state it.
+          dtype: by default the block's (its ``dtype``, else its layers'; ``None`` for
+            ``nnx.Linear``'s default, which computes in the input's and params' dtype).
+          param_dtype: by default the kernels' own dtype (they are stored as they are).
+          kernel_axes: by default the block's (its ``kernel_axes``, else the names its gate
+            kernel carries), else ``('embed', 'mlp')``.
+        """
+        names = convert.linear_names(mlp)
+        packed, w_down = convert.pack_linears(mlp)  # refuses biases, by name
+        _check_convertible(mlp, names)
+        layers = [getattr(mlp, name) for name in names]
+        if dtype is _SAME:
+            dtype = getattr(mlp, "dtype", getattr(layers[0], "dtype", None))
+        if kernel_axes is None:
+            kernel_axes = getattr(mlp, "kernel_axes", None) or _variable_names(layers[0].kernel)
+        return cls.from_packed(packed, w_down, dtype=dtype, param_dtype=param_dtype,
+                               kernel=kernel, activation=_block_activation(mlp, activation),
+                               kernel_axes=kernel_axes)
 
     def to_unfused(self) -> SwiGLUMLP:
         """The same block as :class:`SwiGLUMLP` (exact weights), e.g. for export."""
         params = _common.unfuse_params(nnx.to_pure_dict(nnx.state(self, nnx.Param)))
         return SwiGLUMLP(self.hidden_size, self.intermediate_size, dtype=self.dtype,
                          param_dtype=self.param_dtype, activation=self.activation,
-                         params=params)
+                         kernel_axes=self.kernel_axes, params=params)
 
     def packed_weights(self) -> _layout.PackedWeights:
         """The stored gate/up weights as :class:`jax_swiglu.PackedWeights` (in ``param_dtype``)."""
-        return _layout.PackedWeights(self.gate_up_proj.kernel[...], self.intermediate_size)
+        return _layout.PackedWeights.from_packed_data(self._stored_kernels()[0],
+                                                      self.intermediate_size)
 
     def explain(self, x, *, platform: str | None = None) -> str:
         """Which kernel a call on ``x`` (an array or ``jax.ShapeDtypeStruct``) would run.
@@ -215,17 +347,80 @@ class FusedSwiGLUMLP(nnx.Module):
         As :func:`jax_swiglu.explain`; ``platform`` (e.g. ``"cuda"``) defaults to the
         default backend.
         """
-        x = jax.ShapeDtypeStruct(x.shape, self.dtype)
-        data = jax.ShapeDtypeStruct(self.gate_up_proj.kernel.shape, self.dtype)
-        return _api.explain(x, _layout.PackedWeights(data, self.intermediate_size),
+        dtype = self._compute_dtype(x)
+        x = jax.ShapeDtypeStruct(x.shape, dtype)
+        data = jax.ShapeDtypeStruct(self.gate_up_packed.kernel.shape, dtype)
+        return _api.explain(x, _layout.PackedWeights.from_packed_data(data, self.intermediate_size),
                             kernel=self.kernel, activation=self.activation, platform=platform)
 
+    def _compute_dtype(self, x) -> jnp.dtype:
+        gate_up, down = self.gate_up_packed.kernel, self.down_proj.kernel
+        dtype = _common.compute_dtype(self.dtype, x, gate_up, down)
+        _common.check_fused_compute_dtype(dtype, x.dtype, jnp.result_type(gate_up.dtype,
+                                                                           down.dtype))
+        return dtype
+
+    def _stored_kernels(self) -> tuple[jax.Array, jax.Array]:
+        """(gate_up_packed, down_proj) kernels, checked: state loaded with ``nnx.update`` may
+        have left them abstract or given them other shapes."""
+        k, n = self.hidden_size, self.intermediate_size
+        expected = {"gate_up_packed": (k, 2 * _layout.padded_n(n)), "down_proj": (n, k)}
+        kernels = []
+        for name, shape in expected.items():
+            kernel = getattr(self, name).kernel.get_value()
+            if isinstance(kernel, jax.ShapeDtypeStruct):
+                raise ValueError(
+                    f"{name}.kernel holds no weights, only their shape (a module built under "
+                    "nnx.eval_shape): load them first, nnx.update(module, state)")
+            if tuple(kernel.shape) != shape:
+                raise ValueError(
+                    f"{name}.kernel has shape {tuple(kernel.shape)}, but this block (K={k}, "
+                    f"N={n}) stores {shape}; load params made for it (jax_swiglu.nn.fuse_params)")
+            kernels.append(kernel)
+        return tuple(kernels)
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        """``[..., K] -> [..., K]`` in ``dtype``."""
-        return _common.fused_forward(
-            x, self.gate_up_proj.kernel[...], self.down_proj.kernel[...],
-            self.intermediate_size, dtype=self.dtype, kernel=self.kernel,
-            activation=self.activation)
+        """``[..., K] -> [..., K]`` in the computation dtype."""
+        x = jnp.asarray(x)
+        gate_up, down = self._stored_kernels()
+        return _common.fused_forward(x, gate_up, down, self.intermediate_size,
+                                     dtype=self._compute_dtype(x), kernel=self.kernel,
+                                     activation=self.activation)
+
+
+def _check_convertible(mlp, names) -> None:
+    """Refuses a block whose state or computation the fused block would drop."""
+    where = type(mlp).__name__
+    for name in names:
+        dot = getattr(getattr(mlp, name), "dot_general", jax.lax.dot_general)
+        if dot is not jax.lax.dot_general:
+            raise ValueError(f"{where}.{name} computes with a custom dot_general (quantized?), "
+                             "which FusedSwiGLUMLP would drop")
+    if isinstance(mlp, nnx.Module):
+        extra = sorted(".".join(map(str, keys)) for keys, _ in nnx.to_flat_state(nnx.state(mlp))
+                       if not (len(keys) == 2 and keys[0] in names and keys[1] == "kernel"))
+        if extra:
+            raise ValueError(f"{where} holds state besides the {', '.join(names)} kernels "
+                             f"({', '.join(extra)}), which the fused block would drop")
+
+
+def _block_activation(mlp, activation: str | None) -> str:
+    """``activation``, or the one ``mlp`` states, checked against each other."""
+    stated = _common.stated_activation(mlp)
+    if activation is not None:
+        _common.check_activation(activation)
+    if stated is None:
+        return activation or "silu"
+    attribute, name = stated
+    value = getattr(mlp, attribute)
+    if name is None:
+        raise ValueError(
+            f"{type(mlp).__name__}.{attribute} is {value!r}, an activation FusedSwiGLUMLP does "
+            f"not have (it has {', '.join(_reference.ACTIVATIONS)})")
+    if activation is not None and activation != name:
+        raise ValueError(f"{type(mlp).__name__}.{attribute} is {value!r}, i.e. {name!r}, but "
+                         f"activation={activation!r} was asked for")
+    return name
 
 
 class QuantizedParam(nnx.Variable):
@@ -289,7 +484,7 @@ class Fp8SwiGLUMLP(nnx.Module):
     def quantized_weights(self):
         """The stored gate/up weights as :class:`jax_swiglu.QuantizedWeights`."""
         from .. import _quantize
-        return _quantize.QuantizedWeights(self.gate_up_data[...], self.gate_up_scales[...],
+        return _quantize.QuantizedWeights.from_packed_data(self.gate_up_data[...], self.gate_up_scales[...],
                                           self.intermediate_size, self.scale_mode)
 
     def explain(self, x, *, platform: str | None = None) -> str:

@@ -26,20 +26,6 @@ from .nnx import FusedSwiGLUMLP
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
-# Attributes in which MLP implementations (ours included) name their activation, and what
-# those names and functions are called here (jax.nn.gelu and nnx.gelu default to the tanh
-# approximation, Hugging Face's "gelu" is the exact one, which no kernel has).
-_ACTIVATION_ATTRIBUTES = ("activation", "act_fn", "activation_fn", "hidden_act",
-                          "hidden_activation")
-_KNOWN_ACTIVATIONS = {
-    **{name: name for name in _reference.ACTIVATIONS},
-    "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
-}
-_KNOWN_ACTIVATION_FUNCTIONS = (
-    *((function, name) for name, function in _reference.ACTIVATIONS.items()),
-    (jax.nn.silu, "silu"), (jax.nn.gelu, "gelu_tanh"))
-
-
 class _Block:
     """One gated MLP found in the model: where it is referenced, and what it converts to."""
 
@@ -84,22 +70,6 @@ def _find_blocks(model) -> list[_Block]:
     return list(blocks.values())
 
 
-def _stated_activation(block: nnx.Module):
-    """(attribute, our name or None if unknown) of an activation the block states, else None."""
-    for attribute in _ACTIVATION_ATTRIBUTES:
-        value = getattr(block, attribute, None)
-        if value is None:
-            continue
-        if isinstance(value, str):
-            return attribute, _KNOWN_ACTIVATIONS.get(value.lower())
-        if callable(value):
-            for function, name in _KNOWN_ACTIVATION_FUNCTIONS:
-                if value is function:
-                    return attribute, name
-            return attribute, None
-    return None
-
-
 def _check(block: _Block, activation: str, dtype) -> None:
     """Raises ValueError, naming the block, unless it converts exactly; sets its dtype."""
     module, where = block.module, block.path
@@ -123,7 +93,7 @@ def _check(block: _Block, activation: str, dtype) -> None:
     if extra:
         raise ValueError(f"{where} holds state besides the three kernels ({', '.join(extra)}), "
                          "which the fused block would drop")
-    stated = _stated_activation(module)
+    stated = _common.stated_activation(module)
     if stated is not None and stated[1] != activation:
         attribute, name = stated
         value = getattr(module, attribute)

@@ -118,7 +118,7 @@ GRAPH_CASES = {
 
 
 def _single(x, data, *, n, kernel):
-    return swiglu(x, PackedWeights(data, n), kernel=kernel)
+    return swiglu(x, PackedWeights.from_packed_data(data, n), kernel=kernel)
 
 
 def _chain(x, data, *, n, kernel):
@@ -126,7 +126,7 @@ def _chain(x, data, *, n, kernel):
     with enough consecutive commands (custom calls and fusions) for XLA to capture them into
     one command buffer. (y grows like x^2; the elementwise tanh keeps the values of order 1
     without a reduction, whose atomics could make the bits differ between runs.)"""
-    packed = PackedWeights(data, n)
+    packed = PackedWeights.from_packed_data(data, n)
     outputs = []
     for _ in range(CHAIN_STEPS):
         y = swiglu(x, packed, kernel=kernel)
@@ -154,7 +154,7 @@ def _graphs_off_worker(spec_path):
         data = jnp.asarray(np.load(case["data"]).view(jnp.bfloat16))
         y = _program(case["program"], case["n"], case["kernel"])(x, data)
         np.save(case["out"], np.asarray(y).view(np.uint16))
-        print(case["name"], case["kernel"], jax_swiglu.explain(x, PackedWeights(data, case["n"]),
+        print(case["name"], case["kernel"], jax_swiglu.explain(x, PackedWeights.from_packed_data(data, case["n"]),
                                                                kernel=case["kernel"]))
     print(f"jax {jax.__version__} on {jax.devices()}, XLA_FLAGS={os.environ['XLA_FLAGS']!r}")
     return 0
@@ -320,7 +320,7 @@ def test_randomized_sweep(kernel, shape, m, dtype, draws):
     for seed, x_scale, w_scale in draws:
         x, w_gate, w_up, data = _scaled_inputs(jax.random.key(seed), np.float32(x_scale),
                                                np.float32(w_scale), m, k, n, dtype)
-        packed = PackedWeights(data, n)
+        packed = PackedWeights.from_packed_data(data, n)
         y = _fused(kernel)(jnp.full((m, n), jnp.nan, dtype), x, packed)
         off, rel_fro, max_abs, atol, zero_rejected = (
             float(v) for v in _scaled_errors(y, x, w_gate, w_up))
