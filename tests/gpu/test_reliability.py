@@ -154,8 +154,8 @@ def _graphs_off_worker(spec_path):
         data = jnp.asarray(np.load(case["data"]).view(jnp.bfloat16))
         y = _program(case["program"], case["n"], case["kernel"])(x, data)
         np.save(case["out"], np.asarray(y).view(np.uint16))
-        print(case["name"], case["kernel"], jax_swiglu.explain(x, PackedWeights.from_packed_data(data, case["n"]),
-                                                               kernel=case["kernel"]))
+        packed = PackedWeights.from_packed_data(data, case["n"])
+        print(case["name"], case["kernel"], jax_swiglu.explain(x, packed, kernel=case["kernel"]))
     print(f"jax {jax.__version__} on {jax.devices()}, XLA_FLAGS={os.environ['XLA_FLAGS']!r}")
     return 0
 
@@ -169,7 +169,7 @@ def graphs_off(tmp_path_factory):
         pytest.skip("XLA_FLAGS sets --xla_gpu_enable_command_buffer already; this test compares "
                     "XLA's default (command buffers on) in this process with off")
     tmp = tmp_path_factory.mktemp("graphs")
-    spec, inputs = [], {}
+    spec, saved = [], {}
     for kernel in FUSED_KERNELS:
         for name, (program, m, k, n) in GRAPH_CASES.items():
             x, packed = inputs(_key(name), m, k, n, BF16)
@@ -179,7 +179,7 @@ def graphs_off(tmp_path_factory):
             np.save(f"{stem}-data.npy", data)
             spec.append(dict(name=name, kernel=kernel, program=program, n=n, x=f"{stem}-x.npy",
                              data=f"{stem}-data.npy", out=f"{stem}-out.npy"))
-            inputs[(kernel, name)] = (x, data)
+            saved[(kernel, name)] = (x, data)
     (tmp / "spec.json").write_text(json.dumps(spec))
 
     env = dict(os.environ)
@@ -201,7 +201,7 @@ def graphs_off(tmp_path_factory):
     assert worker.returncode == 0, (
         f"the command-buffers-off subprocess failed:\n{worker.stdout[-4000:]}\n{worker.stderr[-4000:]}")
     return {(kernel, name): (x, data, np.load(f"{tmp / f'{kernel}-{name}'}-out.npy"))
-            for (kernel, name), (x, data) in inputs.items()}
+            for (kernel, name), (x, data) in saved.items()}
 
 
 @pytest.mark.parametrize("kernel", FUSED_KERNELS)

@@ -21,6 +21,14 @@ def test_one_scale_for_all(config, m, k, n, key):
     check(m, k, n, key, launch=Launch(config), operands="e4m3", scale="per_tensor")
 
 
+# Promoting less often than every 128 of K (CUTLASS's default, 4 wgmma of 32) lets the tensor
+# cores add more products below fp32 before each promotion: a launch a user may force for
+# speed, documented (docs/design.md, FP8 weights) to put 10-500x more outputs past the line.
+# Such a launch must still write every element and stay within the Frobenius bound; its
+# outliers are allowed up to one in a thousand, far below what a wrong result gives.
+LONG_PROMOTION_OFF_PER_MILLION = 1000.0
+
+
 @pytest.mark.parametrize("config", FP8_ROWS)
 @pytest.mark.parametrize("promotion", [2, 4, 8, 16])
 def test_every_promotion_a_row_takes(config, promotion, key):
@@ -28,7 +36,8 @@ def test_every_promotion_a_row_takes(config, promotion, key):
     if promotion % (row.tile_k // 32):
         pytest.skip(f"config {config} promotes after whole k tiles of {row.tile_k // 32} wgmma")
     m = 16 if row.m_side == "weights" else 1000
-    check(m, 2560, 9728, key, launch=Launch(config, promotion=promotion), operands="e4m3")
+    check(m, 2560, 9728, key, launch=Launch(config, promotion=promotion), operands="e4m3",
+          off_per_million=None if promotion <= 4 else LONG_PROMOTION_OFF_PER_MILLION)
 
 
 @pytest.mark.parametrize("m", [1, 64, 2048])
