@@ -3,7 +3,7 @@ to the code around the kernels leaves what they compute exactly as it was.
 
     python scripts/output_digests.py record --out digests.json   # on an SM90 GPU
     python scripts/output_digests.py plan                        # anywhere: lowers every case
-    python scripts/output_digests.py compare before.json after.json [--report out.md]
+    python scripts/output_digests.py compare before.json after.json [--report out.md]  # or .json.gz
 
 ``record`` runs every compiled (family, config, split, dtype, activation) of
 ``jax_swiglu.kernel_configs()`` on a grid of shapes, forcing each launch, and stores the
@@ -20,6 +20,7 @@ runs) see the same bits; the fp8 cases quantize them with the package's own func
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import inspect
 import json
@@ -217,7 +218,10 @@ def _match_key(row) -> tuple:
 
 
 def compare(args) -> int:
-    before, after = (json.load(open(path)) for path in (args.before, args.after))
+    def load(path):  # a record as written, or gzipped (as tests/results/ keeps them)
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+            return json.load(f)
+    before, after = (load(path) for path in (args.before, args.after))
     old = {_match_key(r): r for r in before["cases"]}
     new = {_match_key(r): r for r in after["cases"]}
     same = [k for k in old if k in new and old[k]["output"] and old[k]["output"] == new[k]["output"]]
