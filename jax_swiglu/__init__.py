@@ -19,12 +19,14 @@ from ._layout import GATE_UP_BLOCK, PackedWeights, pack_weights, unpack_weights
 from ._native import kernel_configs, kernels_available, unavailable_reason
 from ._quantize import QuantizedWeights, dequantize_weights, quantize_tokens, quantize_weights
 from ._primitive import swiglu_p
-from ._reference import ACTIVATIONS, swiglu_reference, swiglu_reference_quantized
+from ._reference import (ACTIVATION_ALIASES, ACTIVATIONS, swiglu_reference,
+                         swiglu_reference_quantized)
 from .selection import KERNELS
 from ._version import __version__
 from .tuning.autotune import autotune
 
 __all__ = [
+    "ACTIVATION_ALIASES",
     "ACTIVATIONS",
     "GATE_UP_BLOCK",
     "KERNELS",

@@ -16,10 +16,12 @@ def _check_x(x, packed: _layout.PackedWeights):
         raise TypeError(f"x must be an array, got {type(x).__name__}")
     if x.ndim < 1:
         raise ValueError("x must have shape [..., K] (at least one dimension), got a scalar")
-    if x.dtype not in _layout.KERNEL_DTYPES:
-        raise TypeError(
-            f"x must be bfloat16 or float16, got {x.dtype}; cast it (and pack the weights "
-            "with the same dtype, pack_weights(..., dtype=...))")
+    if jnp.dtype(x.dtype) in _quantize.FP8_DTYPES:
+        raise TypeError(f"x is {x.dtype}: fp8 x runs on fp8 weights (jax_swiglu.quantize_weights)"
+                        ", these are PackedWeights")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"x must be a floating-point array (bfloat16 or float16 for the fused "
+                        f"kernels), got {x.dtype}")
     if packed.dtype != x.dtype:
         raise TypeError(
             f"x is {x.dtype} but the packed weights are {packed.dtype}; they must match")
@@ -59,6 +61,25 @@ def _check_fp8_call(x, weights: _quantize.QuantizedWeights, x_scale):
                         f"got {x_dtype}")
 
 
+def _xla_only_reason(x_dtype, activation) -> str | None:
+    """Why a call can only run on the XLA path (a dtype or an activation no kernel has)."""
+    if jnp.dtype(x_dtype) not in _layout.KERNEL_DTYPES and (
+            jnp.dtype(x_dtype) not in _quantize.FP8_DTYPES):
+        return f"the fused kernels take bfloat16 or float16, x is {jnp.dtype(x_dtype)}"
+    if not isinstance(activation, str):
+        return (f"the activation {_reference.activation_label(activation)} is a callable; the "
+                f"kernels compile {', '.join(_reference.ACTIVATIONS)}")
+    return None
+
+
+def _refuse_forced_fused(kernel: str, launch, why: str) -> None:
+    """A forced kernel family or launch on a call that only the XLA path runs is an error."""
+    if launch is not None or kernel not in ("auto", "xla"):
+        asked = f"launch={launch}" if launch is not None else f"kernel={kernel!r}"
+        raise ValueError(f"{asked} cannot run this call: {why}. kernel='auto' or 'xla' runs "
+                         "it on the XLA path")
+
+
 def _requested_launch(launch, kernel: str, weights: str, n: int, k: int, weights_dtype):
     """The forced launch as a ``Launch`` (None for none), checked where the check does not
     depend on M (which a sharded call only knows per device): the row is compiled, runs these
@@ -80,14 +101,15 @@ def _requested_launch(launch, kernel: str, weights: str, n: int, k: int, weights
     return launch
 
 
-def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation: str = "silu",
+def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
            x_scale=None):
     """``act(x @ W_gate) * (x @ W_up)`` as one fused kernel (inference only): SwiGLU with
     ``activation="silu"`` (the default), GeGLU with ``"gelu_tanh"``.
 
     Args:
       x: ``[..., K]`` bfloat16 or float16; leading dimensions are folded into M. A rank-1
-        ``x`` is one token (``[K] -> [N]``), as with ``x @ W``.
+        ``x`` is one token (``[K] -> [N]``), as with ``x @ W``. Other float dtypes (float32,
+        float64) run the same math on the XLA path (:func:`swiglu_reference`).
       packed: :class:`PackedWeights` from :func:`pack_weights`, same dtype as ``x``; or fp8
         :class:`QuantizedWeights` from :func:`quantize_weights` (see ``x_scale``).
       kernel: ``"auto"`` (the selection: autotune cache, tuning data, heuristic; see
@@ -100,7 +122,10 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation: str = "s
         ``"interleaved:18,splits=2"`` (options ``splits``, ``swizzle``, ``raster``,
         ``promotion``). A launch that cannot run the call is a ValueError.
       activation: the gate's activation ``act``: ``"silu"`` (Llama, Qwen, Mistral, ...) or
-        ``"gelu_tanh"`` (Gemma: ``jax.nn.gelu(g, approximate=True)``).
+        ``"gelu_tanh"`` (Gemma: ``jax.nn.gelu(g, approximate=True)``), also by the names in
+        ``ACTIVATION_ALIASES`` (``"swish"``, ``"gelu_pytorch_tanh"``, ...) or as
+        ``jax.nn.silu`` / ``jax.nn.gelu``; any other callable ``act(g)`` runs on the XLA
+        path (:func:`explain` says so).
       x_scale: with fp8 weights (:class:`QuantizedWeights` from :func:`quantize_weights`) and
         an fp8 ``x`` only: ``x``'s float32 per-row scales, shape ``x.shape[:-1]``. A 16-bit
         ``x`` is quantized per row first (:func:`quantize_tokens`, an XLA fusion before the
@@ -117,10 +142,15 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation: str = "s
     ``jax.shard_map``): each device runs the kernel on its own block. Tokens may be sharded,
     and N in whole gate/up pairs (the weights' N axis); a sharded K is all-gathered first.
     """
-    _reference.check_activation(activation)
+    activation = _reference.resolve_activation(activation)
     kernel = selection.requested_kernel(kernel)
     if isinstance(packed, _quantize.QuantizedWeights):
         _check_fp8_call(x, packed, x_scale)
+        why = _xla_only_reason(x.dtype, activation)
+        if why:
+            _refuse_forced_fused(kernel, launch, why)
+            return _reference.swiglu_reference_quantized(x, packed, x_scale=x_scale,
+                                                         activation=activation)
         forced = _requested_launch(launch, kernel, "fp8", packed.n, packed.k, packed.dtype)
         return _swiglu_fp8(x, packed, kernel=kernel, launch=forced, activation=activation,
                            x_scale=x_scale)
@@ -129,6 +159,11 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation: str = "s
                          f"{type(packed).__name__}")
     packed = _layout.as_packed(packed, "packed")
     _check_x(x, packed)
+    why = _xla_only_reason(x.dtype, activation)
+    if why:
+        # The spec in plain XLA (differentiable, unlike the fused primitive).
+        _refuse_forced_fused(kernel, launch, why)
+        return _reference.swiglu_reference_packed(x, packed.data, packed.n, activation)
     forced = _requested_launch(launch, kernel, "packed", packed.n, packed.k, packed.dtype)
     lead = x.shape[:-1]
     m = math.prod(lead)
@@ -154,7 +189,7 @@ def _swiglu_fp8(x, weights: _quantize.QuantizedWeights, *, kernel, launch, activ
 
 
 def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
-              activation: str = "silu", reduce_dtype=None, x_scale=None):
+              activation="silu", reduce_dtype=None, x_scale=None):
     """A whole gated MLP block: ``(act(x @ W_gate) * (x @ W_up)) @ W_down``.
 
     The gated part is :func:`swiglu`; the down projection is a plain XLA dot. With the
@@ -215,7 +250,7 @@ def _padded_spec(sharding, ndim: int) -> tuple:
     return spec + (None,) * (ndim - len(spec))
 
 
-def explain(x, packed, *, kernel: str = "auto", launch=None, activation: str = "silu",
+def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
             platform: str | None = None) -> str:
     """Which kernel a call with these shapes would run, and why, without running it.
 
@@ -223,7 +258,7 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation: str = "
     default backend. Under sharding each device chooses from its own block: pass the
     per-device ``x`` (and weights) to see its choice.
     """
-    _reference.check_activation(activation)
+    activation = _reference.resolve_activation(activation)
     kernel = selection.requested_kernel(kernel)
     platform = platform or jax.default_backend()
     platform = "cuda" if platform == "gpu" else platform
@@ -238,10 +273,17 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation: str = "
         packed = _layout.as_packed(packed, "packed")
         _check_x(x, packed)
         weights, what, out_dtype = "packed", f"{x.dtype}", jnp.dtype(x.dtype).name
-    forced = _requested_launch(launch, kernel, weights, packed.n, packed.k, packed.dtype)
-    header = f"M={m} N={packed.n} K={packed.k} {what} {activation} on {platform}: "
+    header = (f"M={m} N={packed.n} K={packed.k} {what} {_reference.activation_label(activation)}"
+              f" on {platform}: ")
+    why = _xla_only_reason(x.dtype, activation)
+    if why:
+        _refuse_forced_fused(kernel, launch, why)
+    forced = None if why else _requested_launch(launch, kernel, weights, packed.n, packed.k,
+                                                packed.dtype)
     if m == 0:
         return header + "nothing runs (no tokens: the result is an empty array)"
+    if why:
+        return header + f"xla ({why}: the XLA reference runs)"
     problem = selection.Problem(m, packed.n, packed.k, out_dtype,
                                 _primitive.operands_of(weights, packed.dtype), activation)
     choice = selection.choose(problem, kernel=kernel, launch=forced, platform=platform)

@@ -29,9 +29,11 @@ def dot_precision(dtype):
 
 
 def _dot_f32(x, w):
-    # Inputs stay in their dtype (a bf16 GEMM with fp32 accumulation on GPU).
-    return jnp.matmul(x, w, preferred_element_type=jnp.float32,
-                      precision=dot_precision(jnp.result_type(x, w)))
+    # Inputs stay in their dtype (a bf16 GEMM with fp32 accumulation on GPU); float64 inputs
+    # accumulate in float64.
+    dtype = jnp.result_type(x, w)
+    return jnp.matmul(x, w, preferred_element_type=jnp.promote_types(dtype, jnp.float32),
+                      precision=dot_precision(dtype))
 
 
 def _gelu_tanh(gate):
@@ -40,22 +42,61 @@ def _gelu_tanh(gate):
 
 # name -> act(g); the gated product is act(x @ W_gate) * (x @ W_up).
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": _gelu_tanh}
+# Other names models give the same two (Hugging Face's hidden_act values). Hugging Face's
+# "gelu" is the exact, erf-based GELU, which no kernel computes: it is not an alias (pass
+# ``functools.partial(jax.nn.gelu, approximate=False)`` as a callable).
+ACTIVATION_ALIASES = {"swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+
+
+def activation_name(activation) -> str | None:
+    """The kernels' name for ``activation`` (a name, an alias, or one of the functions they
+    compute: ``jax.nn.silu``, ``jax.nn.gelu``, whose default is the tanh approximation), else
+    None."""
+    if isinstance(activation, str):
+        name = ACTIVATION_ALIASES.get(activation, activation)
+        return name if name in ACTIVATIONS else None
+    if activation is jax.nn.gelu:
+        return "gelu_tanh"
+    return next((name for name, fn in ACTIVATIONS.items() if activation is fn), None)
+
+
+def resolve_activation(activation):
+    """``activation`` as the calls take it: the kernels' name where it has one, else the
+    callable itself (which only the XLA path runs); anything else is an error."""
+    name = activation_name(activation)
+    if name is not None:
+        return name
+    if callable(activation) and not isinstance(activation, str):
+        return activation
+    raise ValueError(
+        f"activation must be one of {tuple(ACTIVATIONS)} (SiLU for SwiGLU, GELU's tanh "
+        f"approximation for Gemma's GeGLU), an alias of them ({', '.join(ACTIVATION_ALIASES)}) "
+        f"or a callable act(g) (run on the XLA path), got {activation!r}")
+
+
+def activation_label(activation) -> str:
+    """How explain and errors name an activation (a name, or a callable's own name)."""
+    if isinstance(activation, str):
+        return activation
+    return getattr(activation, "__name__", None) or type(activation).__name__
 
 
 def check_activation(activation) -> None:
+    """The kernels compile these names only (the primitive's ``activation``)."""
     if activation not in ACTIVATIONS:
         raise ValueError(
             f"activation must be one of {tuple(ACTIVATIONS)} (SiLU for SwiGLU, GELU's tanh "
             f"approximation for Gemma's GeGLU), got {activation!r}")
 
 
-def gated(gate_f32, up_f32, activation: str = "silu"):
-    """``act(g) * u`` in fp32 (the fused epilogue's math)."""
-    check_activation(activation)
-    return ACTIVATIONS[activation](gate_f32) * up_f32
+def gated(gate_f32, up_f32, activation="silu"):
+    """``act(g) * u`` in fp32 (the fused epilogue's math); ``activation`` a name, an alias
+    or a callable."""
+    act = resolve_activation(activation)
+    return (ACTIVATIONS[act] if isinstance(act, str) else act)(gate_f32) * up_f32
 
 
-def swiglu_reference(x, w_gate, w_up=None, *, activation: str = "silu", x_scale=None):
+def swiglu_reference(x, w_gate, w_up=None, *, activation="silu", x_scale=None):
     """``act(x @ w_gate) * (x @ w_up)``: fp32 accumulation and math, rounded once.
 
     Takes the weights as they are, ``swiglu_reference(x, w_gate, w_up)``, or as
@@ -69,7 +110,8 @@ def swiglu_reference(x, w_gate, w_up=None, *, activation: str = "silu", x_scale=
         (or fp8 :class:`~jax_swiglu.QuantizedWeights`, which gives
         :func:`swiglu_reference_quantized`).
       activation: ``"silu"`` (SwiGLU, the default) or ``"gelu_tanh"`` (GeGLU,
-        ``jax.nn.gelu(g, approximate=True)``).
+        ``jax.nn.gelu(g, approximate=True)``), an alias (:data:`ACTIVATION_ALIASES`), or any
+        callable ``act(g)`` (applied to the fp32 gate).
       x_scale: with fp8 weights and an fp8 ``x`` only, as in :func:`jax_swiglu.swiglu`.
 
     Returns:
@@ -84,7 +126,7 @@ def swiglu_reference(x, w_gate, w_up=None, *, activation: str = "silu", x_scale=
 
 def _reference_on_swiglu_arguments(x, weights, activation, x_scale):
     """:func:`swiglu_reference` on ``swiglu``'s ``(x, packed)``, checked as ``swiglu`` checks."""
-    check_activation(activation)
+    activation = resolve_activation(activation)
     if isinstance(weights, _quantize.QuantizedWeights):
         return swiglu_reference_quantized(x, weights, x_scale=x_scale, activation=activation)
     if x_scale is not None:
@@ -106,7 +148,7 @@ def _reference_on_swiglu_arguments(x, weights, activation, x_scale):
     return swiglu_reference_packed(x, packed.data, packed.n, activation)
 
 
-def swiglu_reference_packed(x, packed_data, n: int, activation: str = "silu"):
+def swiglu_reference_packed(x, packed_data, n: int, activation="silu"):
     """The reference on packed weights: one ``[.., K] x [K, 2N]`` product, then the split.
 
     This is what the primitive lowers to off CUDA (and for ``kernel="xla"``).
@@ -118,9 +160,9 @@ def swiglu_reference_packed(x, packed_data, n: int, activation: str = "silu"):
 # --- fp8 weights (jax_swiglu/_quantize.py) ----------------------------------------------------
 
 def fp8_output_dtype(x_dtype):
-    """A quantized call returns x's dtype for 16-bit x, bfloat16 for fp8 x."""
-    return jnp.dtype(x_dtype) if jnp.dtype(x_dtype) in _layout.KERNEL_DTYPES else jnp.dtype(
-        jnp.bfloat16)
+    """A call returns x's dtype, and bfloat16 for fp8 x (on fp8 weights)."""
+    return jnp.dtype(jnp.bfloat16) if jnp.dtype(x_dtype) in _quantize.FP8_DTYPES else jnp.dtype(
+        x_dtype)
 
 
 def quantized_tokens(x, x_scale, weights_dtype):

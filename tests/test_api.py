@@ -1,5 +1,7 @@
 """The public API on the reference path (any machine): math, shapes, transforms, errors."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -112,8 +114,9 @@ def packed(key):
 @pytest.mark.parametrize(
     "x, error, match",
     [
-        (jnp.zeros((4, 32), jnp.float32), TypeError, "bfloat16 or float16, got float32"),
-        (jnp.zeros((4, 32), jnp.int8), TypeError, "bfloat16 or float16, got int8"),
+        (jnp.zeros((4, 32), jnp.float32), TypeError, "x is float32 but the packed weights are bfloat16"),
+        (jnp.zeros((4, 32), jnp.int8), TypeError, "floating-point array .*got int8"),
+        (jnp.zeros((4, 32), jnp.float8_e4m3fn), TypeError, "fp8 x runs on fp8 weights"),
         (jnp.zeros((4, 32), jnp.float16), TypeError, "x is float16 but the packed weights are bfloat16"),
         (jnp.zeros((4, 40), jnp.bfloat16), ValueError, "x has K=40 .* weights have K=32"),
         (jnp.zeros((), jnp.bfloat16), ValueError, "at least one dimension"),
@@ -169,3 +172,115 @@ def test_reduce_dtype_sets_the_down_projections_sums(packed):
 def test_explain_on_cpu(packed):
     text = jax_swiglu.explain(jax.ShapeDtypeStruct((8, 32), jnp.bfloat16), packed, platform="cpu")
     assert "M=8 N=64 K=32" in text and "xla" in text
+
+
+# --- any float dtype and any activation: the XLA path ----------------------------------------
+
+def _lowered_for_cuda(fn, *args):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("kernel", ["auto", "xla"])
+def test_float32_runs_the_reference_math(key, kernel):
+    kx, kw = jax.random.split(key)
+    w_gate, w_up = random_weights(kw, 64, 96, jnp.float32)
+    x = random_x(kx, (2, 3, 64), jnp.float32)
+    packed = pack_weights(w_gate, w_up)
+    y = jax.jit(lambda x, p: swiglu(x, p, kernel=kernel))(x, packed)
+    assert y.shape == (2, 3, 96) and y.dtype == jnp.float32
+    np.testing.assert_array_equal(y, jax_swiglu.swiglu_reference(x, packed))
+    np.testing.assert_allclose(y, reference_f64(x, w_gate, w_up), rtol=1e-5, atol=1e-6)
+    # On a GPU too it is plain XLA (no custom call), and differentiable there.
+    assert "custom_call" not in _lowered_for_cuda(lambda x, p: swiglu(x, p, kernel=kernel),
+                                                  x, packed)
+    grad = jax.grad(lambda x: swiglu(x, packed).sum())(x)
+    np.testing.assert_array_equal(
+        grad, jax.grad(lambda x: jax_swiglu.swiglu_reference(x, packed).sum())(x))
+    w_down = random_weights(kw, 96, 64, jnp.float32)[0]
+    np.testing.assert_array_equal(fused_mlp(x, packed, w_down), y @ w_down)
+
+
+def test_float64_runs_the_reference_math(key):
+    with jax.enable_x64(True):
+        w_gate, w_up = random_weights(key, 32, 64, jnp.float64)
+        x = random_x(key, (5, 32), jnp.float64)
+        y = swiglu(x, pack_weights(w_gate, w_up))
+        assert y.dtype == jnp.float64
+        np.testing.assert_allclose(y, reference_f64(x, w_gate, w_up), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("forced", [{"kernel": "interleaved"}, {"kernel": "gemv"},
+                                    {"launch": "interleaved:0"}])
+def test_a_forced_kernel_on_float32_is_a_trace_time_error(key, forced):
+    packed = pack_weights(*random_weights(key, 64, 64, jnp.float32))
+    x = jax.ShapeDtypeStruct((4, 64), jnp.float32)
+    with pytest.raises(ValueError, match="cannot run this call: the fused kernels take bfloat16 "
+                                         "or float16, x is float32.*'xla' runs it"):
+        jax.jit(lambda x, p: swiglu(x, p, **forced)).trace(x, packed)
+    with pytest.raises(ValueError, match="cannot run this call"):
+        jax_swiglu.explain(x, packed, platform="cuda", **forced)
+
+
+def test_explain_says_why_float32_does_not_fuse(key):
+    packed = pack_weights(*random_weights(key, 64, 64, jnp.float32))
+    text = jax_swiglu.explain(jax.ShapeDtypeStruct((16, 64), jnp.float32), packed,
+                              platform="cuda")
+    assert text.endswith("on cuda: xla (the fused kernels take bfloat16 or float16, x is "
+                         "float32: the XLA reference runs)"), text
+
+
+@pytest.mark.parametrize("alias, name", [("swish", "silu"), (jax.nn.silu, "silu"),
+                                         ("gelu_pytorch_tanh", "gelu_tanh"),
+                                         ("gelu_new", "gelu_tanh"), (jax.nn.gelu, "gelu_tanh")])
+def test_activation_aliases_are_the_kernels_activations(key, alias, name):
+    kx, kw = jax.random.split(key)
+    packed = pack_weights(*random_weights(kw, 64, 64))
+    x = random_x(kx, (8, 64))
+    np.testing.assert_array_equal(jax.jit(lambda x, p: swiglu(x, p, activation=alias))(x, packed),
+                                  swiglu(x, packed, activation=name))
+    # The same fused target lowers for CUDA as with the name itself.
+    lowered = _lowered_for_cuda(lambda x, p: swiglu(x, p, activation=alias), x, packed)
+    if jax_swiglu.kernels_available():
+        assert re.search(rf"custom_call @jax_swiglu_[a-z_]+?_{name}_bf16\b", lowered), lowered
+    assert f" {name} on cuda: " in jax_swiglu.explain(x, packed, activation=alias,
+                                                      platform="cuda")
+
+
+def test_a_callable_activation_runs_on_the_xla_path(key):
+    kx, kw = jax.random.split(key)
+    w_gate, w_up = random_weights(kw, 64, 64)
+    packed = pack_weights(w_gate, w_up)
+    x = random_x(kx, (8, 64))
+
+    def relu_squared(g):
+        return jnp.square(jax.nn.relu(g))
+    y = jax.jit(lambda x, p: swiglu(x, p, activation=relu_squared))(x, packed)
+    # fp32 products, act(g) * u in fp32, one rounding: as for the kernels' activations.
+    gate = np.asarray(x, np.float32) @ np.asarray(w_gate, np.float32)
+    up = np.asarray(x, np.float32) @ np.asarray(w_up, np.float32)
+    expected = (np.square(np.maximum(gate, 0)) * up).astype(jnp.bfloat16)
+    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(expected, np.float32),
+                               rtol=1e-2, atol=1e-3)
+    np.testing.assert_array_equal(y, jax_swiglu.swiglu_reference(x, packed,
+                                                                 activation=relu_squared))
+    assert "custom_call" not in _lowered_for_cuda(
+        lambda x, p: swiglu(x, p, activation=relu_squared), x, packed)
+    text = jax_swiglu.explain(x, packed, activation=relu_squared, platform="cuda")
+    assert " relu_squared on cuda: xla (the activation relu_squared is a callable; the kernels " \
+           "compile silu, gelu_tanh: the XLA reference runs)" in text, text
+    with pytest.raises(ValueError, match="kernel='interleaved' cannot run this call: the "
+                                         "activation relu_squared is a callable"):
+        swiglu(x, packed, kernel="interleaved", activation=relu_squared)
+    # fp8 weights take it too, on their own spec.
+    q = jax_swiglu.quantize_weights(w_gate, w_up)
+    np.testing.assert_array_equal(
+        swiglu(x, q, activation=relu_squared),
+        jax_swiglu.swiglu_reference_quantized(x, q, activation=relu_squared))
+
+
+@pytest.mark.parametrize("bad", ["gelu", "SiLU", 3, None])
+def test_an_unknown_activation_names_what_is_taken(key, bad):
+    packed = pack_weights(*random_weights(key, 64, 64))
+    with pytest.raises(ValueError, match=r"activation must be one of \('silu', 'gelu_tanh'\).*"
+                                         r"swish, gelu_pytorch_tanh, gelu_new.*or a callable"):
+        swiglu(jnp.ones((2, 64), jnp.bfloat16), packed, activation=bad)

@@ -103,18 +103,10 @@ def logical_axes(kernel_axes=None, init_names=None) -> tuple[tuple, tuple]:
     return names, names[::-1]
 
 
-# Attributes in which MLP implementations (ours included) name their activation, and what
-# those names and functions are called here (jax.nn.gelu and nnx.gelu default to the tanh
-# approximation, Hugging Face's "gelu" is the exact one, which no kernel has).
+# Attributes in which MLP implementations (ours included) name their activation; what their
+# names and functions are called here is _reference.activation_name's.
 ACTIVATION_ATTRIBUTES = ("activation", "act_fn", "activation_fn", "hidden_act",
                          "hidden_activation")
-_KNOWN_ACTIVATIONS = {
-    **{name: name for name in _reference.ACTIVATIONS},
-    "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
-}
-_KNOWN_ACTIVATION_FUNCTIONS = (
-    *((function, name) for name, function in _reference.ACTIVATIONS.items()),
-    (jax.nn.silu, "silu"), (jax.nn.gelu, "gelu_tanh"))
 
 
 def stated_activation(block):
@@ -123,13 +115,10 @@ def stated_activation(block):
         value = getattr(block, attribute, None)
         if value is None:
             continue
-        if isinstance(value, str):
-            return attribute, _KNOWN_ACTIVATIONS.get(value.lower())
+        if isinstance(value, str):  # model configs spell them in any case
+            return attribute, _reference.activation_name(value.lower())
         if callable(value):
-            for function, name in _KNOWN_ACTIVATION_FUNCTIONS:
-                if value is function:
-                    return attribute, name
-            return attribute, None
+            return attribute, _reference.activation_name(value)
     return None
 
 
