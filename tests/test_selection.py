@@ -115,6 +115,12 @@ def test_finalists_timed_through_jax_are_ranked_by_that_time(engine):
                               cupti_us={DECODE.key: 19.8})])
     assert picked(decide(1)) is DECODE
     assert picked(decide(2)) is PREFILL
+    # explain names the times it ranked by, so the pick never reads as the slower one.
+    reason = decide(1).reason
+    assert reason.startswith(f"measured through JAX 19.8 us; next config {PREFILL.id} 21.0 us "
+                             "(the launches close natively, ranked by a jitted call's time; "
+                             "natively 20.3 us)"), reason
+    assert decide(2).reason.startswith(f"measured 20.0 us; next config {DECODE.id} 20.3 us")
 
 
 def test_xla_is_a_measured_candidate(engine):

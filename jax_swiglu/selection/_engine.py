@@ -186,17 +186,24 @@ def _from_entry(entry, by_key, data, xla_allowed) -> Decision | None:
     calibration = data.calibrations.get(entry.calibration, {})
     when = f"calibration {entry.calibration}" + (
         f" ({calibration.get('date', '')[:10]}, {calibration.get('gpu', '')})" if calibration else "")
-    labels = {_label(by_key[k], s): t for (k, s), t in times.items()}
     label = _label(config, splits)
+    # The times named are the ones ranked: through JAX where the finalists were, else native.
+    ranked = finalists if ranked_by_jax else times
+    labels = {_label(by_key[k], s): t for (k, s), t in ranked.items()}
+    ours = ranked[(key, splits)]
     if xla_allowed and entry.xla_us:
-        ours = (entry.cupti_us or {}).get(_data.launch_id(key, splits), us)
-        if entry.xla_us < ours:
+        if entry.xla_us < (entry.cupti_us or {}).get(_data.launch_id(key, splits), us):
             return Decision(None, "tuning data (measured)",
-                            f"XLA measured {_fmt(entry.xla_us)} against {_fmt(ours)} for "
-                            f"{label} in {when}")
-        labels["XLA"] = entry.xla_us
+                            f"XLA measured {_fmt(entry.xla_us)} against "
+                            f"{_fmt((entry.cupti_us or {}).get(_data.launch_id(key, splits), us))}"
+                            f" for {label} in {when}")
+        if ranked_by_jax:
+            labels["XLA"] = entry.xla_us
+    how = (f"measured through JAX {_fmt(ours)}{_runner_up(labels, label)} (the launches close "
+           f"natively, ranked by a jitted call's time; natively {_fmt(us)})" if ranked_by_jax
+           else f"measured {_fmt(us)}{_runner_up(labels, label)}")
     return Decision(_launch.Launch(config.id, splits), "tuning data (measured)",
-                    f"measured {_fmt(us)}{_runner_up(labels, label)} in {when}")
+                    f"{how} in {when}")
 
 
 def _cached_reason(record: dict) -> str:
