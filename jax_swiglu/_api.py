@@ -254,6 +254,10 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
             platform: str | None = None) -> str:
     """Which kernel a call with these shapes would run, and why, without running it.
 
+    The first line says it in plain words; the second (``details:``) names the launch as
+    ``launch=`` takes it, the FFI target, the selection step that decided and its numbers
+    (the terms are docs/design.md's).
+
     ``x`` may be an array or a ``jax.ShapeDtypeStruct``; ``platform`` defaults to the
     default backend. Under sharding each device chooses from its own block: pass the
     per-device ``x`` (and weights) to see its choice.
@@ -283,8 +287,9 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
     if m == 0:
         return header + "nothing runs (no tokens: the result is an empty array)"
     if why:
-        return header + f"xla ({why}: the XLA reference runs)"
+        return header + f"runs plain XLA, since {why}\n  details: xla (the XLA reference)"
     problem = selection.Problem(m, packed.n, packed.k, out_dtype,
                                 _primitive.operands_of(weights, packed.dtype), activation)
     choice = selection.choose(problem, kernel=kernel, launch=forced, platform=platform)
-    return header + choice.describe(problem)
+    # First what runs and why in plain words, then the launch, its source and its numbers.
+    return header + choice.in_words() + "\n  details: " + choice.describe(problem)

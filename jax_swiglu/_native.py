@@ -79,6 +79,19 @@ class KernelConfig:
                 + (", direct store" if self.store == "direct" else "")
                 + (f", M in {self.m_bands} bands" if self.m_bands > 1 else ""))
 
+    def in_words(self) -> str:
+        """What the row's kernel does, without the tile jargon (docs/design.md has that)."""
+        fp8 = "fp8 " if self.operands == "e4m3" else ""
+        if self.is_gemv:
+            return (f"{fp8}CUDA-core GEMV: the weights streamed once, for at most "
+                    f"{self.tile_m} token{'s' if self.tile_m > 1 else ''}")
+        if self.family == "gate_then_up":
+            return f"{fp8}gate-then-up GEMM: each tile's gate product, then its up product"
+        if self.m_side == "weights":
+            return (f"{fp8}GEMM for few tokens: the weights on the tensor cores' wide side, "
+                    f"tiles of {self.tile_m} tokens")
+        return f"{fp8}one GEMM over the packed gate/up weights, tiles of {self.tile_m} tokens"
+
     @property
     def key(self) -> str:
         """A name for the configuration from its definition alone, not its row id: how tuning

@@ -35,7 +35,7 @@ def test_demo_runs():
         calls = [b for b in blocks if "kernel: M=" in b]
         assert len(calls) == 3
         for block in calls:
-            picks = re.search(r"kernel: M=\d+ .* on cuda: (\w+) [\[(]", block)
+            picks = re.search(r"details: (\w+) [\[(]", block)
             picks_xla = picks is not None and picks.group(1) == "xla"
             assert ("no jax_swiglu custom call" in block) == picks_xla, block
             if not picks_xla:

@@ -120,7 +120,7 @@ def test_kernel_attribute_reaches_the_primitive(key):
     binds = [e for e in jaxpr.jaxpr.eqns if e.primitive is jax_swiglu.swiglu_p]
     assert [e.params["kernel"] for e in binds] == ["xla"]
     x = jax.ShapeDtypeStruct((4, 64), jnp.bfloat16)
-    assert "on cuda: xla (override: kernel='xla')" in fused.explain(x, platform="cuda")
+    assert "details: xla (override: kernel='xla')" in fused.explain(x, platform="cuda")
 
 
 def test_linen_modules(key):

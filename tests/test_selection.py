@@ -201,6 +201,12 @@ def test_explain_names_the_source(engine, monkeypatch):
     text = selection.choose(p).describe(p)
     assert text.startswith("interleaved [t_bf16, config 101: cooperative 16x128x64")
     assert "swap-AB" in text and "(tuning data (measured): measured 20.0 us" in text
+    # explain's first line: the same choice in plain words, no tile jargon.
+    assert selection.choose(p).in_words() == (
+        "runs the fused kernel interleaved config 101 (GEMM for few tokens: the weights on the "
+        "tensor cores' wide side, tiles of 16 tokens), the fastest measured at this shape on "
+        "this kind of GPU")
+    assert selection.choose(p, kernel="xla").in_words() == "runs plain XLA, as asked (kernel='xla')"
 
 
 @requires_kernels

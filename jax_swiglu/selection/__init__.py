@@ -59,6 +59,19 @@ class Choice:
     reason: str
     source: str = ""  # which step of the selection decided
 
+    def in_words(self) -> str:
+        """What runs and why, in plain words: explain's first line."""
+        if self.launch is None:
+            what = "runs plain XLA"
+            why = _WHY_XLA.get(self.source.rsplit(", then ", 1)[-1], f"since {self.reason}")
+        else:
+            what = (f"runs the fused kernel {self.launch.family} config {self.launch.config} "
+                    f"({self.launch.row.in_words()})")
+            why = (f"forced by {self.source}" if self.source.startswith("launch=") else
+                   _WHY_LAUNCH.get(self.source.rsplit(", then ", 1)[-1], self.source))
+        asked = self.source.rsplit(", then ", 1)[0] if ", then " in self.source else ""
+        return f"{what}, {asked + ' asked for, then ' if asked else ''}{why}"
+
     def describe(self, problem: Problem | None = None) -> str:
         by = f"{self.source}: " if self.source else ""
         if self.launch is None:
@@ -67,6 +80,22 @@ class Choice:
         target = (f"{self.launch.target(problem.activation, problem.dtype)}, "
                   if problem is not None else "")
         return f"{self.launch.family} [{target}{self.launch.describe()}] ({by}{self.reason})"
+
+
+# Each selection step (Choice.source) in plain words, for a fused pick and for XLA.
+_WHY_LAUNCH = {
+    "autotune cache": "the fastest when autotuned on this GPU",
+    "tuning data (measured)": "the fastest measured at this shape on this kind of GPU",
+    "tuning data (learned rule)": "predicted fastest from this kind of GPU's measurements nearby",
+    "heuristic": "predicted fastest by the cost model alone (no measurement near)",
+}
+_WHY_XLA = {
+    "autotune cache": "the fastest when autotuned on this GPU",
+    "tuning data (measured)": "measured faster than every fused launch at this shape",
+    "tuning data (learned rule)": "predicted faster than every fused launch here",
+    "heuristic": "predicted faster than every fused launch by the cost model alone",
+    "override": "as asked (kernel='xla')",
+}
 
 
 def canonical_kernel(kernel: str) -> str:
