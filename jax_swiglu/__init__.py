@@ -14,6 +14,8 @@ GPU. Inference only.
 
 from . import convert
 from ._api import explain, fused_mlp, swiglu
+from ._experts import (PackedExperts, explain_grouped, grouped_fused_mlp, grouped_swiglu,
+                       grouped_swiglu_reference, pack_expert_weights, unpack_expert_weights)
 from ._launch import Launch
 from ._layout import GATE_UP_BLOCK, PackedWeights, pack_weights, unpack_weights
 from ._native import kernel_configs, kernels_available, unavailable_reason
@@ -31,15 +33,21 @@ __all__ = [
     "GATE_UP_BLOCK",
     "KERNELS",
     "Launch",
+    "PackedExperts",
     "PackedWeights",
     "QuantizedWeights",
     "autotune",
     "convert",
     "dequantize_weights",
     "explain",
+    "explain_grouped",
     "fused_mlp",
+    "grouped_fused_mlp",
+    "grouped_swiglu",
+    "grouped_swiglu_reference",
     "kernel_configs",
     "kernels_available",
+    "pack_expert_weights",
     "pack_weights",
     "quantize_tokens",
     "quantize_weights",
@@ -48,5 +56,6 @@ __all__ = [
     "swiglu_reference",
     "swiglu_reference_quantized",
     "unavailable_reason",
+    "unpack_expert_weights",
     "unpack_weights",
 ]

@@ -1,0 +1,154 @@
+"""Grouped (mixture-of-experts) calls on the XLA path (any machine): the packed expert
+layout, the ragged_dot convention, defined results for any group sizes, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_swiglu
+from jax_swiglu import (grouped_fused_mlp, grouped_swiglu, grouped_swiglu_reference,
+                        pack_expert_weights, unpack_expert_weights)
+
+E, K, F = 4, 64, 80  # F not a multiple of 32: each expert's columns are padded
+
+
+def _weights(key, e=E, k=K, f=F, dtype=jnp.bfloat16):
+    kg, ku, kd = jax.random.split(key, 3)
+    draw = lambda key, shape: (jax.random.normal(key, shape) / np.sqrt(shape[1])).astype(dtype)  # noqa: E731
+    return draw(kg, (e, k, f)), draw(ku, (e, k, f)), draw(kd, (e, f, k))
+
+
+def _expected(x, w_gate, w_up, sizes):
+    """Per row, its expert's SiLU(x @ Wg) * (x @ Wu) in float64; rows past the groups 0."""
+    x64, g64, u64 = (np.asarray(a, np.float64) for a in (x, w_gate, w_up))
+    out = np.zeros((x.shape[0], w_gate.shape[2]))
+    start = 0
+    for e, size in enumerate(sizes):
+        rows = slice(start, start + size)
+        gate, up = x64[rows] @ g64[e], x64[rows] @ u64[e]
+        out[rows] = gate / (1 + np.exp(-gate)) * up
+        start += size
+    return out
+
+
+@pytest.mark.parametrize("sizes", [[3, 5, 2, 6], [0, 16, 0, 0], [1, 0, 2, 0], [0, 0, 0, 0]])
+def test_every_row_gets_its_experts_mlp(key, sizes):
+    kx, kw = jax.random.split(key)
+    w_gate, w_up, _ = _weights(kw)
+    x = jax.random.normal(kx, (16, K)).astype(jnp.bfloat16)
+    group_sizes = jnp.array(sizes, jnp.int32)
+    y = jax.jit(grouped_swiglu)(x, pack_expert_weights(w_gate, w_up), group_sizes)
+    assert y.shape == (16, F) and y.dtype == jnp.bfloat16
+    expected = _expected(x, w_gate, w_up, sizes)
+    # One rounding of an fp32 result: within half a bf16 ulp (plus fp32 accumulation).
+    np.testing.assert_allclose(np.asarray(y, np.float64), expected, rtol=2**-8, atol=1e-6)
+    assert not np.asarray(y[sum(sizes):], np.float32).any()  # rows past the groups
+    np.testing.assert_array_equal(
+        y, grouped_swiglu_reference(x, w_gate, w_up, group_sizes))
+
+
+def test_any_group_sizes_give_a_defined_result(key):
+    """Negative sizes count as 0; a sum over T ends the groups at T."""
+    kx, kw = jax.random.split(key)
+    w_gate, w_up, _ = _weights(kw)
+    experts = pack_expert_weights(w_gate, w_up)
+    x = jax.random.normal(kx, (10, K)).astype(jnp.bfloat16)
+    run = jax.jit(grouped_swiglu)
+    np.testing.assert_array_equal(run(x, experts, jnp.array([4, -3, 2, 1], jnp.int32)),
+                                  run(x, experts, jnp.array([4, 0, 2, 1], jnp.int32)))
+    np.testing.assert_array_equal(run(x, experts, jnp.array([4, 5, 9, 9], jnp.int32)),
+                                  run(x, experts, jnp.array([4, 5, 1, 0], jnp.int32)))
+    np.testing.assert_array_equal(
+        jax_swiglu._experts.defined_group_sizes(jnp.array([-1, 7, 5, -2], jnp.int32), 10),
+        [0, 7, 3, 0])
+
+
+def test_the_whole_expert_block_and_other_dtypes(key):
+    kx, kw = jax.random.split(key)
+    w_gate, w_up, w_down = _weights(kw)
+    x = jax.random.normal(kx, (12, K)).astype(jnp.bfloat16)
+    sizes = jnp.array([5, 0, 4, 3], jnp.int32)
+    experts = pack_expert_weights(w_gate, w_up)
+    out = jax.jit(grouped_fused_mlp)(x, experts, w_down, sizes)
+    y = grouped_swiglu(x, experts, sizes)
+    np.testing.assert_array_equal(
+        out, jax.lax.ragged_dot(y, w_down, sizes, preferred_element_type=jnp.float32)
+        .astype(jnp.bfloat16))
+    # float32 runs the same math; the activation takes names, aliases and callables.
+    w32 = [w.astype(jnp.float32) for w in (w_gate, w_up)]
+    y32 = grouped_swiglu(x.astype(jnp.float32), pack_expert_weights(*w32), sizes)
+    np.testing.assert_allclose(y32, _expected(x, *w32, [5, 0, 4, 3]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(grouped_swiglu(x, experts, sizes, activation="swish"), y)
+    relu = grouped_swiglu(x, experts, sizes, activation=jax.nn.relu)
+    np.testing.assert_array_equal(
+        relu, grouped_swiglu_reference(x, w_gate, w_up, sizes, activation=jax.nn.relu))
+
+
+def test_source_layouts_pack_the_same_and_unpack_exactly(key):
+    w_gate, w_up, _ = _weights(key)
+    experts = pack_expert_weights(w_gate, w_up)
+    assert experts.data.shape == (E, K, 2 * 96) and experts.n == F
+    for other in (pack_expert_weights(jnp.stack([w_gate, w_up], axis=2)),
+                  pack_expert_weights(jnp.concatenate([w_gate, w_up], axis=2),
+                                      layout="concatenated")):
+        np.testing.assert_array_equal(other.data, experts.data)
+    gate, up = unpack_expert_weights(experts)
+    np.testing.assert_array_equal(gate, w_gate)
+    np.testing.assert_array_equal(up, w_up)
+    # Each expert is exactly the dense packed layout.
+    np.testing.assert_array_equal(experts.data[2], jax_swiglu.pack_weights(w_gate[2], w_up[2]).data)
+    # A pytree: through jit and back, and rebuilt from saved data.
+    same = jax.jit(lambda e: e)(experts)
+    assert isinstance(same, jax_swiglu.PackedExperts) and same.n == F
+    np.testing.assert_array_equal(
+        jax_swiglu.PackedExperts.from_packed_data(experts.data, F).data, experts.data)
+
+
+def test_explain_grouped_says_what_runs(key):
+    experts = pack_expert_weights(*_weights(key)[:2])
+    text = jax_swiglu.explain_grouped(jax.ShapeDtypeStruct((32, K), jnp.bfloat16), experts,
+                                      jax.ShapeDtypeStruct((E,), jnp.int32))
+    assert text.startswith(f"T=32 E={E} F={F} K={K} bfloat16 silu: runs plain XLA"), text
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda x, e, s: grouped_swiglu(x, e, s.astype(jnp.float32)), TypeError,
+     "group_sizes must be int32"),
+    (lambda x, e, s: grouped_swiglu(x, e, s.astype(jnp.int16)), TypeError,
+     "group_sizes must be int32"),
+    (lambda x, e, s: grouped_swiglu(x, e, s[:3]), ValueError,
+     r"one size per expert, shape \(4,\), got \(3,\)"),
+    (lambda x, e, s: grouped_swiglu(x[:, :32], e, s), ValueError, "x has K=32"),
+    (lambda x, e, s: grouped_swiglu(x[None], e, s), ValueError, r"x must be \[T, K\]"),
+    (lambda x, e, s: grouped_swiglu(x.astype(jnp.float16), e, s), TypeError,
+     "x is float16 but the expert weights are bfloat16"),
+    (lambda x, e, s: grouped_swiglu(x, e.data, s), TypeError, "experts must be PackedExperts"),
+    (lambda x, e, s: grouped_swiglu(x, e, s, kernel="interleaved"), ValueError,
+     "grouped calls run on the XLA path"),
+    (lambda x, e, s: grouped_swiglu(x, e, s, activation="relu"), ValueError,
+     "activation must be one of"),
+    (lambda x, e, s: grouped_fused_mlp(x, e, jnp.zeros((E, K, K), x.dtype), s), ValueError,
+     r"w_down must be \[E, F, K_out\]"),
+])
+def test_bad_input_is_a_trace_time_error(key, call, error, match):
+    experts = pack_expert_weights(*_weights(key)[:2])
+    x = jnp.zeros((8, K), jnp.bfloat16)
+    sizes = jnp.array([2, 2, 2, 2], jnp.int32)
+    with pytest.raises(error, match=match):
+        jax.jit(call).trace(x, experts, sizes)
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((jnp.zeros((E, K, F)), jnp.zeros((E, K, F + 8))), ValueError, "must have the same shape"),
+    ((jnp.zeros((K, F)), jnp.zeros((K, F))), ValueError, r"must be \[E, K, F\]"),
+    ((jnp.zeros((E, K, 2 * F)),), ValueError, "layout='concatenated'"),
+    ((jnp.zeros((E, K, F), jnp.int8), jnp.zeros((E, K, F), jnp.int8)), TypeError,
+     "floating-point"),
+    ((jnp.zeros((E, 60, F)), jnp.zeros((E, 60, F))), ValueError, "multiples of 8"),
+])
+def test_bad_weights_are_clear_errors(args, error, match):
+    with pytest.raises(error, match=match):
+        pack_expert_weights(*args)
+    with pytest.raises(TypeError, match="not built from an array"):
+        jax_swiglu.PackedExperts(jnp.zeros((E, K, 2 * F)))
