@@ -18,7 +18,9 @@ and no dtype changes unless ``dtype=`` is given.
   :func:`pack_hf_concatenated` / :func:`hf_concatenated`); whole blocks as the Flax modules'
   param dict: :func:`fuse_hf_weights` / :func:`fused_to_hf_weights`; every MLP of a whole
   checkpoint, a state dict or ``.safetensors`` files, with the tensors' name patterns as
-  parameters: :func:`pack_hf_checkpoint` / :func:`hf_checkpoint`, :func:`save_hf_checkpoint`.
+  parameters: :func:`pack_hf_checkpoint` / :func:`hf_checkpoint`, :func:`save_hf_checkpoint`;
+  every expert MLP (Qwen-MoE, DeepSeek, Mixtral): :func:`pack_hf_experts_checkpoint` /
+  :func:`hf_experts_checkpoint`.
 * A ``[K, 2N]`` concatenation ``[gate | up]`` as an ``[in, out]`` kernel:
   ``jax_swiglu.pack_weights(w, layout="concatenated")`` /
   ``jax_swiglu.unpack_weights(packed, layout="concatenated")``.
@@ -50,11 +52,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _layout
+from . import _experts, _layout
 from ._layout import PackedWeights
 
 __all__ = [
     "HF_DOWN",
+    "HF_EXPERT_DOWN",
+    "HF_EXPERT_GATE",
+    "HF_EXPERT_UP",
+    "MIXTRAL_EXPERT_DOWN",
+    "MIXTRAL_EXPERT_GATE",
+    "MIXTRAL_EXPERT_UP",
     "HF_GATE",
     "HF_GATE_UP",
     "HF_UP",
@@ -63,6 +71,7 @@ __all__ = [
     "gemma_gating",
     "hf_checkpoint",
     "hf_concatenated",
+    "hf_experts_checkpoint",
     "hf_gate_up",
     "linear_kernels",
     "linear_names",
@@ -71,6 +80,7 @@ __all__ = [
     "pack_hf",
     "pack_hf_checkpoint",
     "pack_hf_concatenated",
+    "pack_hf_experts_checkpoint",
     "pack_linears",
     "pack_maxtext_wi",
     "save_hf_checkpoint",
@@ -685,6 +695,118 @@ def save_hf_checkpoint(path, layers, *, tensors: Mapping | None = None,
     safetensors.numpy.save_file({**others, **mlp}, str(path),
                                 metadata=dict(metadata) if metadata is not None
                                 else {"format": "pt"})
+
+
+# --- expert MLPs of a checkpoint ---------------------------------------------------------------
+
+# {i} the layer, {j} the expert. Qwen2/3-MoE and DeepSeek name expert tensors as dense MLPs
+# under experts.{j}; Mixtral calls gate, up and down w1, w3 and w2.
+HF_EXPERT_GATE = "model.layers.{i}.mlp.experts.{j}.gate_proj.weight"
+HF_EXPERT_UP = "model.layers.{i}.mlp.experts.{j}.up_proj.weight"
+HF_EXPERT_DOWN = "model.layers.{i}.mlp.experts.{j}.down_proj.weight"
+MIXTRAL_EXPERT_GATE = "model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight"
+MIXTRAL_EXPERT_UP = "model.layers.{i}.block_sparse_moe.experts.{j}.w3.weight"
+MIXTRAL_EXPERT_DOWN = "model.layers.{i}.block_sparse_moe.experts.{j}.w2.weight"
+
+
+def _expert_patterns(gate, up, down) -> dict[str, str]:
+    roles = {"gate": gate, "up": up, "down": down}
+    for role, pattern in roles.items():
+        rest = pattern.replace("{i}", "").replace("{j}", "") if isinstance(pattern, str) else "{"
+        if ("{" in rest or "}" in rest or pattern.count("{i}") != 1
+                or pattern.count("{j}") != 1):
+            raise ValueError(f"{role}= must be a tensor name with {{i}} once for the layer and "
+                             f"{{j}} once for the expert, e.g. {HF_EXPERT_GATE!r}; got {pattern!r}")
+    return roles
+
+
+def _expert_regex(pattern: str) -> tuple[re.Pattern, bool]:
+    """The pattern as a regex, and whether {i} comes before {j} in it."""
+    text = re.escape(pattern).replace(r"\{i\}", r"(\d+)").replace(r"\{j\}", r"(\d+)")
+    return re.compile(text), pattern.index("{i}") < pattern.index("{j}")
+
+
+def pack_hf_experts_checkpoint(checkpoint, *, gate: str = HF_EXPERT_GATE, up: str = HF_EXPERT_UP,
+                               down: str = HF_EXPERT_DOWN,
+                               dtype=None) -> dict[int, tuple[_experts.PackedExperts, jax.Array]]:
+    """Packs every layer's expert MLPs: ``{layer: (experts, w_down)}``.
+
+    For :func:`jax_swiglu.grouped_fused_mlp`: ``experts`` holds every expert's gate and up
+    (``[E, K, 2 F_pad]``), ``w_down`` is ``[E, F, K]`` (each expert's ``down.weight.T``). Only
+    the layers with expert tensors are returned (DeepSeek's first layers are dense: those
+    are :func:`pack_hf_checkpoint`'s), each with experts 0 .. E-1 all present; routers and
+    shared experts are left to the model. No dtype changes unless ``dtype=`` is given;
+    :func:`hf_experts_checkpoint` exports back bit-exactly.
+
+    Args:
+      checkpoint: a state dict or ``.safetensors`` files, as for :func:`pack_hf_checkpoint`.
+      gate, up, down: name patterns with ``{i}`` (layer) and ``{j}`` (expert), by default
+        Qwen-MoE's and DeepSeek's :data:`HF_EXPERT_GATE` etc.; Mixtral's are
+        :data:`MIXTRAL_EXPERT_GATE`, :data:`MIXTRAL_EXPERT_UP`, :data:`MIXTRAL_EXPERT_DOWN`.
+      dtype: optional dtype for all of them.
+    """
+    roles = _expert_patterns(gate, up, down)
+    with contextlib.ExitStack() as stack:
+        source = _Checkpoint(checkpoint, stack)
+        found: dict[int, dict[str, dict[int, str]]] = {}
+        for role, pattern in roles.items():
+            regex, layer_first = _expert_regex(pattern)
+            for name in source.names:
+                match = regex.fullmatch(name)
+                if match:
+                    a, b = int(match.group(1)), int(match.group(2))
+                    layer, expert = (a, b) if layer_first else (b, a)
+                    found.setdefault(layer, {}).setdefault(role, {})[expert] = name
+        if not found:
+            examples = [n for n in source.names if "expert" in n][:4] or source.names[:4]
+            raise ValueError(f"no tensor of the checkpoint is named like gate={gate!r}; its names "
+                             f"look like {examples}. Pass the patterns its expert tensors follow "
+                             "(Mixtral's: MIXTRAL_EXPERT_GATE, MIXTRAL_EXPERT_UP, "
+                             "MIXTRAL_EXPERT_DOWN)")
+        return {layer: _pack_experts(source, layer, found[layer], roles, dtype)
+                for layer in sorted(found)}
+
+
+def _pack_experts(source: _Checkpoint, layer: int, names: dict[str, dict[int, str]],
+                  roles: dict[str, str], dtype):
+    count = max(max(by_expert) for by_expert in names.values()) + 1
+    missing = [roles[role].format(i=layer, j=j) for role in roles for j in range(count)
+               if j not in names.get(role, {})]
+    if missing:
+        raise ValueError(f"layer {layer} has experts 0 .. {count - 1}, but lacks {len(missing)} "
+                         f"of their tensors: {missing[:4]}")
+    shapes = {role: {source.shape(names[role][j]) for j in range(count)} for role in roles}
+    gate_shape = next(iter(shapes["gate"]))
+    if (any(len(found) != 1 for found in shapes.values()) or len(gate_shape) != 2
+            or shapes["up"] != {gate_shape} or shapes["down"] != {gate_shape[::-1]}):
+        raise ValueError(f"layer {layer}: every expert's gate and up must be [F, K] and down "
+                         f"[K, F] ([out, in]), the same for all experts; got {shapes}")
+
+    def stacked(role):
+        return jnp.stack([jnp.asarray(_float_array(source.load(names[role][j]), names[role][j],
+                                                   HF_GATE_UP_LAYOUT)).T for j in range(count)])
+    experts = _experts.pack_expert_weights(stacked("gate"), stacked("up"), dtype=dtype)
+    w_down = stacked("down")
+    return experts, w_down if dtype is None else w_down.astype(dtype)
+
+
+def hf_experts_checkpoint(layers: Mapping, *, gate: str = HF_EXPERT_GATE, up: str = HF_EXPERT_UP,
+                          down: str = HF_EXPERT_DOWN) -> dict:
+    """Inverse of :func:`pack_hf_experts_checkpoint`: the expert tensors of a state dict
+    (numpy ``[out, in]``, bit for bit what was packed), from ``{layer: (experts, w_down)}``."""
+    roles = _expert_patterns(gate, up, down)
+    tensors = {}
+    for layer, pair in layers.items():
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise TypeError(f"layers[{layer}] must be (experts, w_down), as "
+                            f"pack_hf_experts_checkpoint returns; got {type(pair).__name__}")
+        experts, w_down = pair
+        gate_t, up_t = _experts.unpack_expert_weights(experts)  # [E, K, F]
+        for role, stack in (("gate", gate_t), ("up", up_t), ("down", w_down)):
+            for j in range(stack.shape[0]):
+                tensors[roles[role].format(i=layer, j=j)] = np.ascontiguousarray(
+                    np.asarray(stack[j]).T)
+    return tensors
 
 
 # --- nnx.Linear modules ----------------------------------------------------------------------

@@ -152,3 +152,70 @@ def test_bad_weights_are_clear_errors(args, error, match):
         pack_expert_weights(*args)
     with pytest.raises(TypeError, match="not built from an array"):
         jax_swiglu.PackedExperts(jnp.zeros((E, K, 2 * F)))
+
+
+# --- expert MLPs of a Hugging Face checkpoint --------------------------------------------------
+
+def _moe_state_dict(key, layers=(1, 2), experts=3, k=K, f=F, style="hf"):
+    """A DeepSeek-like checkpoint: layer 0 dense, the given layers with experts ([out, in])."""
+    from jax_swiglu import convert
+    names = ((convert.HF_EXPERT_GATE, convert.HF_EXPERT_UP, convert.HF_EXPERT_DOWN)
+             if style == "hf" else (convert.MIXTRAL_EXPERT_GATE, convert.MIXTRAL_EXPERT_UP,
+                                    convert.MIXTRAL_EXPERT_DOWN))
+    rng = np.random.default_rng(0)
+    sd = {"model.layers.0.mlp.gate_proj.weight": np.ones((f, k), np.float32),
+          "model.embed_tokens.weight": np.ones((10, k), np.float32)}
+    for i in layers:
+        sd[f"model.layers.{i}.mlp.gate.weight"] = np.ones((experts, k), np.float32)  # router
+        for j in range(experts):
+            for pattern, shape in zip(names, ((f, k), (f, k), (k, f))):
+                sd[pattern.format(i=i, j=j)] = rng.standard_normal(shape).astype(np.float32)
+    return sd, names
+
+
+@pytest.mark.parametrize("style", ["hf", "mixtral"])
+def test_a_checkpoints_experts_convert_and_export_bit_exactly(key, style):
+    from jax_swiglu import convert
+    sd, (gate, up, down) = _moe_state_dict(key, style=style)
+    layers = convert.pack_hf_experts_checkpoint(sd, gate=gate, up=up, down=down)
+    assert sorted(layers) == [1, 2]
+    experts, w_down = layers[2]
+    assert experts.data.shape == (3, K, 2 * 96) and experts.n == F and w_down.shape == (3, F, K)
+    w_gate, w_up = unpack_expert_weights(experts)
+    np.testing.assert_array_equal(w_gate[1], sd[gate.format(i=2, j=1)].T)
+    np.testing.assert_array_equal(w_up[0], sd[up.format(i=2, j=0)].T)
+    np.testing.assert_array_equal(w_down[2], sd[down.format(i=2, j=2)].T)
+    exported = convert.hf_experts_checkpoint(layers, gate=gate, up=up, down=down)
+    assert set(exported) == {n for n in sd if "experts" in n}
+    for name, tensor in exported.items():
+        np.testing.assert_array_equal(tensor, sd[name])
+    # bf16 on the way in, and the layer runs.
+    experts16, down16 = convert.pack_hf_experts_checkpoint(sd, gate=gate, up=up, down=down,
+                                                           dtype=jnp.bfloat16)[1]
+    x = jnp.ones((5, K), jnp.bfloat16)
+    assert grouped_fused_mlp(x, experts16, down16, jnp.array([2, 0, 3], jnp.int32)).shape == (5, K)
+
+
+def test_bad_expert_checkpoints_are_clear_errors(key, tmp_path):
+    from jax_swiglu import convert
+    sd, _ = _moe_state_dict(key)
+    with pytest.raises(ValueError, match="no tensor of the checkpoint is named like.*MIXTRAL"):
+        convert.pack_hf_experts_checkpoint(sd, gate=convert.MIXTRAL_EXPERT_GATE,
+                                           up=convert.MIXTRAL_EXPERT_UP,
+                                           down=convert.MIXTRAL_EXPERT_DOWN)
+    missing = dict(sd)
+    del missing[convert.HF_EXPERT_UP.format(i=1, j=1)]
+    with pytest.raises(ValueError, match=r"layer 1 has experts 0 \.\. 2, but lacks 1"):
+        convert.pack_hf_experts_checkpoint(missing)
+    odd = dict(sd)
+    odd[convert.HF_EXPERT_DOWN.format(i=2, j=0)] = np.zeros((F, K), np.float32)
+    with pytest.raises(ValueError, match=r"layer 2: every expert's gate and up must be \[F, K\]"):
+        convert.pack_hf_experts_checkpoint(odd)
+    with pytest.raises(ValueError, match=r"\{i\} once for the layer and \{j\} once"):
+        convert.pack_hf_experts_checkpoint(sd, gate="model.layers.{i}.mlp.gate_proj.weight")
+    # .safetensors files too (read lazily, only the expert tensors).
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    safetensors_numpy.save_file(sd, str(tmp_path / "model.safetensors"))
+    from_file = convert.pack_hf_experts_checkpoint(tmp_path / "model.safetensors")
+    np.testing.assert_array_equal(from_file[1][0].data,
+                                  convert.pack_hf_experts_checkpoint(sd)[1][0].data)
