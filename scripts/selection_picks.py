@@ -11,11 +11,16 @@ every pick that changed; ``measure`` (on an SM90 GPU) times a spread of the chan
 pick before and after side by side through JAX (CUPTI), with the XLA path beside them.
 
     python scripts/selection_picks.py measure before.json after.json --limit 24 --out m.md
+
+The picks of f48e24c (before issue 41), default build, are kept as
+benchmarks/results/NVIDIA_H200/2026-12-02-picks-f48e24c.json.gz: ``measure`` takes them as
+``before`` with no build of that tree.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -76,8 +81,15 @@ def record(args) -> int:
     return 0
 
 
+def _load(path: str) -> list[dict]:
+    """The picks of a record (.json, or .json.gz as kept under benchmarks/results/)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)["picks"]
+
+
 def compare(args) -> int:
-    before, after = (json.load(open(path))["picks"] for path in (args.before, args.after))
+    before, after = (_load(path) for path in (args.before, args.after))
     key = lambda p: (p["model"], p["m"], p["dtype"], p["operands"])  # noqa: E731
     old = {key(p): p for p in before}
     changed = [(old[key(p)], p) for p in after if key(p) in old and old[key(p)]["launch"] != p["launch"]]
@@ -108,7 +120,7 @@ def measure(args) -> int:
     from jax_swiglu import _launch, _native, selection
     from jax_swiglu.tuning import measure as timing
 
-    before, after = (json.load(open(path))["picks"] for path in (args.before, args.after))
+    before, after = (_load(path) for path in (args.before, args.after))
     key = lambda p: (p["model"], p["m"], p["dtype"], p["operands"])  # noqa: E731
     old = {key(p): p for p in before}
     changed = [(old[key(p)], p) for p in after if key(p) in old
