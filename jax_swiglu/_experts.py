@@ -9,8 +9,8 @@ zeros. Each expert's gate and up weights are packed in the dense kernels' layout
 (jax_swiglu/_layout.py, the one definition), stacked along a leading expert axis.
 
 The path today is XLA's: one ``ragged_dot`` over the packed weights with fp32 accumulation,
-the split, ``act(g) * u`` in fp32 and one rounding, the same spec as the dense call (the
-grouped fused kernel is GitHub issue 46's next step; ``explain_grouped`` says what runs).
+the split, ``act(g) * u`` in fp32 and one rounding, the same spec as the dense call. A
+grouped fused kernel is not built yet (``explain_grouped`` says what runs).
 """
 
 from __future__ import annotations
