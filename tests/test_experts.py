@@ -219,3 +219,58 @@ def test_bad_expert_checkpoints_are_clear_errors(key, tmp_path):
     from_file = convert.pack_hf_experts_checkpoint(tmp_path / "model.safetensors")
     np.testing.assert_array_equal(from_file[1][0].data,
                                   convert.pack_hf_experts_checkpoint(sd)[1][0].data)
+
+
+# --- the Flax expert block in a Mixtral-style layer ---------------------------------------------
+
+def _moe_layer(experts_mlp, router, x, top_k):
+    """A Mixtral-style sparse layer around the expert block: route, sort by expert, run the
+    experts, unsort, combine with the softmaxed top-k router weights."""
+    logits = x @ router
+    weights, chosen = jax.lax.top_k(logits, top_k)
+    weights = jax.nn.softmax(weights.astype(jnp.float32), axis=-1)
+    flat = chosen.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    sizes = jnp.bincount(flat, length=router.shape[1]).astype(jnp.int32)
+    y = experts_mlp(jnp.repeat(x, top_k, axis=0)[order], sizes)
+    y = jnp.zeros_like(y).at[order].set(y).reshape(x.shape[0], top_k, -1)
+    return jnp.einsum("tk,tkd->td", weights, y.astype(jnp.float32))
+
+
+def test_the_expert_block_in_a_mixtral_style_layer(key):
+    nnx = pytest.importorskip("flax.nnx", reason="the Flax expert block needs flax")
+    from jax_swiglu import nn as swiglu_nn
+    kx, kr = jax.random.split(key)
+    block = swiglu_nn.FusedExpertsMLP(K, F, E, rngs=nnx.Rngs(0))
+    assert block.gate_up_packed.kernel.shape == (E, K, 2 * 96)
+    assert block.down_proj.kernel.shape == (E, F, K)
+    router = jax.random.normal(kr, (K, E)).astype(jnp.bfloat16)
+    x = jax.random.normal(kx, (24, K)).astype(jnp.bfloat16)
+    y = nnx.jit(lambda block, x: _moe_layer(block, router, x, top_k=2))(block, x)
+    # Reference: every expert on every token in float64, combined by the same routing.
+    w_gate, w_up = (np.asarray(w, np.float64) for w in unpack_expert_weights(block.packed_experts()))
+    w_down = np.asarray(block.down_proj.kernel.get_value(), np.float64)
+    logits = np.asarray(x @ router, np.float32)
+    weights, chosen = jax.lax.top_k(logits, 2)
+    weights = np.asarray(jax.nn.softmax(weights, axis=-1), np.float64)
+    x64 = np.asarray(x, np.float64)
+    expected = np.zeros((24, K))
+    for t in range(24):
+        for slot in range(2):
+            e = int(chosen[t, slot])
+            gate, up = x64[t] @ w_gate[e], x64[t] @ w_up[e]
+            h = np.asarray((gate / (1 + np.exp(-gate)) * up), np.float32).astype(jnp.bfloat16)
+            expected[t] += weights[t, slot] * (np.asarray(h, np.float64) @ w_down[e])
+    np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-2, atol=2e-2)
+    # From converted experts, and abstractly built then loaded.
+    same = swiglu_nn.FusedExpertsMLP.from_experts(block.packed_experts(),
+                                                  block.down_proj.kernel.get_value())
+    sizes = jnp.array([6, 0, 10, 8], jnp.int32)
+    np.testing.assert_array_equal(same(x, sizes), block(x, sizes))
+    abstract = nnx.eval_shape(lambda: swiglu_nn.FusedExpertsMLP(K, F, E, rngs=nnx.Rngs(1)))
+    with pytest.raises(ValueError, match="load them first"):
+        abstract(x, sizes)
+    nnx.update(abstract, nnx.state(block))
+    np.testing.assert_array_equal(abstract(x, sizes), block(x, sizes))
+    assert "runs plain XLA" in block.explain(jax.ShapeDtypeStruct((24, K), jnp.bfloat16),
+                                             jax.ShapeDtypeStruct((E,), jnp.int32))

@@ -31,13 +31,14 @@ from ._common import (
     unfuse_mlp_blocks,
     unfuse_params,
 )
-from .nnx import Fp8SwiGLUMLP, FusedSwiGLUMLP, QuantizedParam, SwiGLUMLP
+from .nnx import Fp8SwiGLUMLP, FusedExpertsMLP, FusedSwiGLUMLP, QuantizedParam, SwiGLUMLP
 from .swap import swap_mlp_blocks
 
 __all__ = [
     "EMBED",
     "MLP",
     "Fp8SwiGLUMLP",
+    "FusedExpertsMLP",
     "FusedSwiGLUMLP",
     "QuantizedParam",
     "SwiGLUMLP",

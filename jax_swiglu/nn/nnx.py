@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .. import _api, _layout, _reference, convert, selection
+from .. import _api, _experts, _layout, _reference, convert, selection
 from . import _common
 
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
@@ -498,3 +498,107 @@ class Fp8SwiGLUMLP(nnx.Module):
         return _api.fused_mlp(jnp.asarray(x).astype(self.dtype), self.quantized_weights(),
                               self.down_proj.kernel[...], kernel=self.kernel,
                               activation=self.activation)
+
+
+# Experts' kernels are [E, in, out]: the fan-in is `in` alone, the expert axis a batch axis.
+default_expert_kernel_init = nnx.initializers.lecun_normal(batch_axis=(0,))
+EXPERT_GATE_UP_AXES = ("expert",) + _common.GATE_UP_AXES
+EXPERT_DOWN_AXES = ("expert",) + _common.DOWN_AXES
+
+
+class FusedExpertsMLP(nnx.Module):
+    """The expert MLPs of a mixture-of-experts layer, ``down_e(act(gate_e(x)) * up_e(x))``
+    for every token's expert ``e``, through :func:`jax_swiglu.grouped_fused_mlp`.
+
+    The router, the sort of tokens by expert and the weighted combine stay in the model: a
+    call takes ``x`` ``[T, K]`` sorted by expert and ``group_sizes`` ``[E]`` int32 (the
+    ``jax.lax.ragged_dot`` convention) and returns ``[T, K]``, rows past the groups zero.
+    Runs on the XLA path (no grouped fused kernel is built yet: :meth:`explain` says so).
+
+    Params, with logical axis names:
+
+    * ``gate_up_packed.kernel`` ``[E, K, 2 F_pad]``, ``('expert', 'embed', 'mlp')``: every
+      expert's gate and up in the packed layout (:func:`jax_swiglu.pack_expert_weights`).
+    * ``down_proj.kernel`` ``[E, F, K]``, ``('expert', 'mlp', 'embed')``.
+
+    Args:
+      hidden_size, intermediate_size, num_experts: K, F (multiples of 8) and E.
+      dtype: the computation dtype (any float; outputs are in it); param_dtype: the stored one.
+      activation: as in :func:`jax_swiglu.swiglu`.
+      kernel_init: draws gate, up, down ``[E, in, out]`` in that order; by default LeCun
+        normal over ``in`` with the expert axis a batch axis.
+      rngs: draws random weights; or params: ``{"gate_up_packed": {"kernel": ...},
+        "down_proj": {"kernel": ...}}`` (:meth:`from_experts` builds them).
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, *,
+                 dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, activation: str = "silu",
+                 kernel_init: Initializer = default_expert_kernel_init,
+                 rngs: nnx.Rngs | None = None, params: Mapping | None = None):
+        if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
+            raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+        _common.check_activation(activation)
+        k, n, e = hidden_size, intermediate_size, num_experts
+        _layout.check_alignment(k, n)
+        if isinstance(e, bool) or not isinstance(e, int) or e < 1:
+            raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
+
+        def draw(rngs):
+            gate, up, down = (_draw(kernel_init, rngs.params(), shape, param_dtype)[0]
+                              for shape in ((e, k, n), (e, k, n), (e, n, k)))
+            return {"gate_up_packed": {"kernel": _experts.pack_expert_weights(gate, up).data},
+                    "down_proj": {"kernel": down}}
+
+        kernels = _weights(params, rngs, draw,
+                           {"gate_up_packed": (e, k, 2 * _layout.padded_n(n)),
+                            "down_proj": (e, n, k)}, param_dtype, "fused")
+        self.gate_up_packed = Projection(kernels["gate_up_packed"], EXPERT_GATE_UP_AXES)
+        self.down_proj = Projection(kernels["down_proj"], EXPERT_DOWN_AXES)
+        self.hidden_size, self.intermediate_size, self.num_experts = k, n, e
+        self.dtype = jnp.dtype(dtype)
+        self.param_dtype = jnp.dtype(param_dtype)
+        self.activation = activation
+
+    @classmethod
+    def from_experts(cls, experts: _experts.PackedExperts, w_down, *, dtype=None,
+                     activation: str = "silu") -> FusedExpertsMLP:
+        """From :class:`~jax_swiglu.PackedExperts` and ``w_down`` ``[E, F, K]``, as
+        :func:`jax_swiglu.convert.pack_hf_experts_checkpoint` returns them; ``dtype``
+        defaults to theirs."""
+        experts = _experts._as_experts(experts)
+        w_down = jnp.asarray(w_down)
+        if w_down.shape != (experts.experts, experts.n, experts.k):
+            raise ValueError(f"w_down must be [E, F, K] = {(experts.experts, experts.n, experts.k)}"
+                             f" for these experts, got {tuple(w_down.shape)}")
+        return cls(experts.k, experts.n, experts.experts,
+                   dtype=experts.dtype if dtype is None else dtype, param_dtype=experts.dtype,
+                   activation=activation,
+                   params={"gate_up_packed": {"kernel": experts.data},
+                           "down_proj": {"kernel": w_down}})
+
+    def packed_experts(self) -> _experts.PackedExperts:
+        """The stored gate/up weights as :class:`jax_swiglu.PackedExperts`."""
+        return _experts.PackedExperts.from_packed_data(self.gate_up_packed.kernel.get_value(),
+                                                       self.intermediate_size)
+
+    def explain(self, x, group_sizes) -> str:
+        """What a call on ``x`` and ``group_sizes`` (arrays or ``jax.ShapeDtypeStruct``) runs."""
+        data = jax.ShapeDtypeStruct(self.gate_up_packed.kernel.shape, self.dtype)
+        return _experts.explain_grouped(
+            jax.ShapeDtypeStruct(x.shape, self.dtype),
+            _experts.PackedExperts._wrap(data, self.intermediate_size, _layout.LAYOUT),
+            group_sizes, activation=self.activation)
+
+    def __call__(self, x: jax.Array, group_sizes: jax.Array) -> jax.Array:
+        """``[T, K]`` sorted by expert, ``[E]`` int32 group sizes -> ``[T, K]``."""
+        gate_up = self.gate_up_packed.kernel.get_value()
+        down = self.down_proj.kernel.get_value()
+        if isinstance(gate_up, jax.ShapeDtypeStruct) or isinstance(down, jax.ShapeDtypeStruct):
+            raise ValueError("the expert kernels hold no weights, only their shape (a module "
+                             "built under nnx.eval_shape): load them first, nnx.update(module, "
+                             "state)")
+        experts = _experts.PackedExperts.from_packed_data(gate_up.astype(self.dtype),
+                                                          self.intermediate_size)
+        return _experts.grouped_fused_mlp(jnp.asarray(x).astype(self.dtype), experts,
+                                          down.astype(self.dtype), group_sizes,
+                                          activation=self.activation)
