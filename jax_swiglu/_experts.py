@@ -222,9 +222,14 @@ def grouped_swiglu(x, experts, group_sizes, *, kernel: str = "auto", activation=
     _check_kernel(kernel)
     experts = _as_experts(experts)
     _check_grouped_call(x, experts, group_sizes)
-    sizes = defined_group_sizes(group_sizes, x.shape[0])
-    accumulate = jnp.promote_types(x.dtype, jnp.float32)
-    product = jax.lax.ragged_dot(x, experts.data, sizes, preferred_element_type=accumulate,
+    return _gated_on_xla(x, experts, defined_group_sizes(group_sizes, x.shape[0]), activation)
+
+
+def _gated_on_xla(x, experts: PackedExperts, sizes, activation):
+    """The spec on checked arguments: one ragged_dot over the packed experts in fp32 (float64
+    for float64 x), the split, act(g) * u, one rounding."""
+    product = jax.lax.ragged_dot(x, experts.data, sizes,
+                                 preferred_element_type=jnp.promote_types(x.dtype, jnp.float32),
                                  precision=_reference.dot_precision(x.dtype))
     gate, up = _layout.split_gate_up(product, experts.n)
     return _reference.gated(gate, up, activation).astype(x.dtype)
@@ -242,10 +247,13 @@ def grouped_fused_mlp(x, experts, w_down, group_sizes, *, kernel: str = "auto",
             or tuple(w_down.shape[:2]) != (experts.experts, experts.n)):
         raise ValueError(f"w_down must be [E, F, K_out] with E={experts.experts}, F={experts.n}, "
                          f"got {tuple(getattr(w_down, 'shape', ())) or type(w_down).__name__}")
+    activation = _reference.resolve_activation(activation)
+    _check_kernel(kernel)
+    _check_grouped_call(x, experts, group_sizes)
     if w_down.dtype != x.dtype:
         raise TypeError(f"w_down is {w_down.dtype} but x is {x.dtype}; they must match")
-    y = grouped_swiglu(x, experts, group_sizes, kernel=kernel, activation=activation)
     sizes = defined_group_sizes(group_sizes, x.shape[0])
+    y = _gated_on_xla(x, experts, sizes, activation)
     out = jax.lax.ragged_dot(y, w_down, sizes,
                              preferred_element_type=jnp.promote_types(x.dtype, jnp.float32),
                              precision=_reference.dot_precision(x.dtype))
