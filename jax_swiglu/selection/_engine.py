@@ -192,11 +192,12 @@ def _from_entry(entry, by_key, data, xla_allowed) -> Decision | None:
     labels = {_label(by_key[k], s): t for (k, s), t in ranked.items()}
     ours = ranked[(key, splits)]
     if xla_allowed and entry.xla_us:
-        if entry.xla_us < (entry.cupti_us or {}).get(_data.launch_id(key, splits), us):
+        # XLA's time is through JAX: against the pick's time through JAX where it has one.
+        through_jax = (entry.cupti_us or {}).get(_data.launch_id(key, splits), us)
+        if entry.xla_us < through_jax:
             return Decision(None, "tuning data (measured)",
-                            f"XLA measured {_fmt(entry.xla_us)} against "
-                            f"{_fmt((entry.cupti_us or {}).get(_data.launch_id(key, splits), us))}"
-                            f" for {label} in {when}")
+                            f"XLA measured {_fmt(entry.xla_us)} against {_fmt(through_jax)} for "
+                            f"{label} in {when}")
         if ranked_by_jax:
             labels["XLA"] = entry.xla_us
     how = (f"measured through JAX {_fmt(ours)}{_runner_up(labels, label)} (the launches close "
