@@ -274,3 +274,21 @@ def test_the_expert_block_in_a_mixtral_style_layer(key):
     np.testing.assert_array_equal(abstract(x, sizes), block(x, sizes))
     assert "runs plain XLA" in block.explain(jax.ShapeDtypeStruct((24, K), jnp.bfloat16),
                                              jax.ShapeDtypeStruct((E,), jnp.int32))
+
+
+def test_the_linen_expert_block_matches_the_nnx_one(key):
+    pytest.importorskip("flax", reason="the Flax expert blocks need flax")
+    import flax.linen as nn
+    from jax_swiglu import nn as swiglu_nn
+    x = jax.random.normal(key, (12, K)).astype(jnp.bfloat16)
+    sizes = jnp.array([3, 0, 5, 4], jnp.int32)
+    block = swiglu_nn.linen.FusedExpertsMLP(F, E)
+    variables = block.init(jax.random.key(0), x, sizes)
+    assert nn.get_partition_spec(variables)["params"]["gate_up_packed"]["kernel"] == \
+        jax.sharding.PartitionSpec("expert", "embed", "mlp")
+    params = nn.unbox(variables)["params"]
+    assert params["gate_up_packed"]["kernel"].shape == (E, K, 2 * 96)
+    y = jax.jit(block.apply)(variables, x, sizes)
+    experts = jax_swiglu.PackedExperts.from_packed_data(params["gate_up_packed"]["kernel"], F)
+    same = swiglu_nn.FusedExpertsMLP.from_experts(experts, params["down_proj"]["kernel"])
+    np.testing.assert_array_equal(y, same(x, sizes))

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax.core import meta
 
-from .. import _layout, selection
+from .. import _experts, _layout, selection
 from . import _common
 
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
@@ -168,3 +168,52 @@ class FusedSwiGLUMLP(nn.Module):
         _common.check_fused_compute_dtype(dtype, x.dtype, jnp.result_type(gate_up, down))
         return _common.fused_forward(x, gate_up, down, n, dtype=dtype, kernel=self.kernel,
                                      activation=self.activation)
+
+
+default_expert_kernel_init = nn.initializers.lecun_normal(batch_axis=(0,))
+
+
+class FusedExpertsMLP(nn.Module):
+    """The expert MLPs of a mixture-of-experts layer, as :class:`jax_swiglu.nn.FusedExpertsMLP`
+    (nnx) in linen's style: a call takes ``x`` ``[T, K]`` sorted by expert and
+    ``group_sizes`` ``[E]`` int32 and returns ``[T, K]``; the router stays in the model.
+
+    Params: ``gate_up_packed.kernel`` ``[E, K, 2 F_pad]`` ``('expert', 'embed', 'mlp')`` and
+    ``down_proj.kernel`` ``[E, F, K]`` ``('expert', 'mlp', 'embed')``, boxed with those names.
+
+    Attributes:
+      intermediate_size, num_experts: F (K comes from the input) and E.
+      dtype: the computation and output dtype (any float); param_dtype: the stored one.
+      activation: as in :func:`jax_swiglu.swiglu`.
+      kernel_init: draws gate, up, down ``[E, in, out]``; LeCun normal over ``in`` by default.
+    """
+
+    intermediate_size: int
+    num_experts: int
+    dtype: Any = jnp.bfloat16
+    param_dtype: Any = jnp.bfloat16
+    activation: str = "silu"
+    kernel_init: Initializer = default_expert_kernel_init
+
+    @nn.compact
+    def __call__(self, x: jax.Array, group_sizes: jax.Array) -> jax.Array:
+        _common.check_activation(self.activation)
+        x = jnp.asarray(x)
+        k, n, e = x.shape[-1], self.intermediate_size, self.num_experts
+
+        def init_gate_up(key):
+            key_gate, key_up = jax.random.split(key)
+            gate = self.kernel_init(key_gate, (e, k, n), self.param_dtype)
+            up = self.kernel_init(key_up, (e, k, n), self.param_dtype)
+            return nn.LogicallyPartitioned(_experts.pack_expert_weights(gate, up).data,
+                                           ("expert",) + _common.GATE_UP_AXES)
+
+        def init_down(key):
+            return nn.LogicallyPartitioned(self.kernel_init(key, (e, n, k), self.param_dtype),
+                                           ("expert",) + _common.DOWN_AXES)
+
+        gate_up = Projection(init_gate_up, name="gate_up_packed")()
+        down = Projection(init_down, name="down_proj")()
+        experts = _experts.PackedExperts.from_packed_data(gate_up.astype(self.dtype), n)
+        return _experts.grouped_fused_mlp(x.astype(self.dtype), experts, down.astype(self.dtype),
+                                          group_sizes, activation=self.activation)
