@@ -39,6 +39,10 @@ EMBED = "embed"  # hidden size K
 MLP = "mlp"  # intermediate size N (packed gate/up pairs stay together along it)
 GATE_UP_AXES = (EMBED, MLP)  # gate_proj, up_proj and the packed gate_up_packed
 DOWN_AXES = (MLP, EMBED)
+# The expert blocks' kernels, [E, in, out]: one more leading axis.
+EXPERT = "expert"
+EXPERT_GATE_UP_AXES = (EXPERT,) + GATE_UP_AXES
+EXPERT_DOWN_AXES = (EXPERT,) + DOWN_AXES
 
 
 

@@ -206,11 +206,11 @@ class FusedExpertsMLP(nn.Module):
             gate = self.kernel_init(key_gate, (e, k, n), self.param_dtype)
             up = self.kernel_init(key_up, (e, k, n), self.param_dtype)
             return nn.LogicallyPartitioned(_experts.pack_expert_weights(gate, up).data,
-                                           ("expert",) + _common.GATE_UP_AXES)
+                                           _common.EXPERT_GATE_UP_AXES)
 
         def init_down(key):
             return nn.LogicallyPartitioned(self.kernel_init(key, (e, n, k), self.param_dtype),
-                                           ("expert",) + _common.DOWN_AXES)
+                                           _common.EXPERT_DOWN_AXES)
 
         gate_up = Projection(init_gate_up, name="gate_up_packed")()
         down = Projection(init_down, name="down_proj")()

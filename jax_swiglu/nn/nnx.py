@@ -502,8 +502,6 @@ class Fp8SwiGLUMLP(nnx.Module):
 
 # Experts' kernels are [E, in, out]: the fan-in is `in` alone, the expert axis a batch axis.
 default_expert_kernel_init = nnx.initializers.lecun_normal(batch_axis=(0,))
-EXPERT_GATE_UP_AXES = ("expert",) + _common.GATE_UP_AXES
-EXPERT_DOWN_AXES = ("expert",) + _common.DOWN_AXES
 
 
 class FusedExpertsMLP(nnx.Module):
@@ -552,8 +550,9 @@ class FusedExpertsMLP(nnx.Module):
         kernels = _weights(params, rngs, draw,
                            {"gate_up_packed": (e, k, 2 * _layout.padded_n(n)),
                             "down_proj": (e, n, k)}, param_dtype, "fused")
-        self.gate_up_packed = Projection(kernels["gate_up_packed"], EXPERT_GATE_UP_AXES)
-        self.down_proj = Projection(kernels["down_proj"], EXPERT_DOWN_AXES)
+        self.gate_up_packed = Projection(kernels["gate_up_packed"],
+                                         _common.EXPERT_GATE_UP_AXES)
+        self.down_proj = Projection(kernels["down_proj"], _common.EXPERT_DOWN_AXES)
         self.hidden_size, self.intermediate_size, self.num_experts = k, n, e
         self.dtype = jnp.dtype(dtype)
         self.param_dtype = jnp.dtype(param_dtype)
