@@ -1,6 +1,8 @@
-// Per-device facts (SM count, compute capability), read once per device.
+// Per-device facts (SM count, compute capability, the PDL switch), read once per device.
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -23,6 +25,8 @@ std::string CurrentDeviceFacts(DeviceFacts* facts) {
     return {};
   }
   DeviceFacts read{device, 0, 0, 0};
+  const char* pdl = std::getenv("JAX_SWIGLU_PDL");
+  read.programmatic_launch = pdl == nullptr || std::strcmp(pdl, "0") != 0;
   cudaError_t err = cudaDeviceGetAttribute(&read.sm_count, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess) {
     err = cudaDeviceGetAttribute(&read.cc_major, cudaDevAttrComputeCapabilityMajor, device);

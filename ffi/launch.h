@@ -58,7 +58,32 @@ struct DeviceFacts {
   int sm_count;
   int cc_major;
   int cc_minor;
+  // Launch with programmatic dependent launch (PDL): a kernel may start its prologue while
+  // the stream's previous kernel drains, and waits (griddepcontrol.wait) before its first
+  // global-memory access. On unless JAX_SWIGLU_PDL=0 (read once per process).
+  bool programmatic_launch = true;
 };
+
+// The launch attributes every fused kernel shares, written to `attrs` (room for 2): the
+// cluster shape (always for CUTLASS's kernels, `always_cluster`; else where a cluster has
+// more than one CTA), and PDL where `facts` allow it. Returns how many were written.
+inline unsigned LaunchAttributes(const DeviceFacts& facts, dim3 cluster_dims, bool always_cluster,
+                                 cudaLaunchAttribute* attrs) {
+  unsigned count = 0;
+  if (always_cluster || cluster_dims.x * cluster_dims.y * cluster_dims.z > 1) {
+    attrs[count].id = cudaLaunchAttributeClusterDimension;
+    attrs[count].val.clusterDim.x = cluster_dims.x;
+    attrs[count].val.clusterDim.y = cluster_dims.y;
+    attrs[count].val.clusterDim.z = cluster_dims.z;
+    ++count;
+  }
+  if (facts.programmatic_launch) {
+    attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  return count;
+}
 
 // Each kernel family's launcher of its row `ConfigId` (kernel_configs.h), with the gate
 // activation `kActivation`, on `stream` (on `device`): `Element` is the operands' and the

@@ -45,22 +45,18 @@ cudaError_t EnsureSharedMemoryLimit(int device) {
 }
 
 // The launch configuration of `Kernel` on `grid` in clusters of `cluster_dims` CTAs: its
-// block, its shared memory and the cluster attribute, which is written to `cluster` (the
-// configuration points at it, so it must outlive the launch or query).
+// block, its shared memory and the shared launch attributes (LaunchAttributes), written to
+// `attrs` (the configuration points at them, so they must outlive the launch or query).
 template <class Kernel>
-cudaLaunchConfig_t KernelLaunchConfig(dim3 grid, dim3 cluster_dims, cudaStream_t stream,
-                                      cudaLaunchAttribute& cluster) {
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = cluster_dims.x;
-  cluster.val.clusterDim.y = cluster_dims.y;
-  cluster.val.clusterDim.z = cluster_dims.z;
+cudaLaunchConfig_t KernelLaunchConfig(dim3 grid, dim3 cluster_dims, const DeviceFacts& facts,
+                                      cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = Kernel::get_block_shape();
   config.dynamicSmemBytes = Kernel::SharedStorageSize;
   config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  config.attrs = attrs;
+  config.numAttrs = LaunchAttributes(facts, cluster_dims, /*always_cluster=*/true, attrs);
   return config;
 }
 
@@ -70,16 +66,17 @@ cudaLaunchConfig_t KernelLaunchConfig(dim3 grid, dim3 cluster_dims, cudaStream_t
 // estimate assumes whole 18-SM GPCs, which clusters of 4 or 8 CTAs do not get on an H200.
 // Call after EnsureSharedMemoryLimit (the query sees the kernel's shared-memory limit).
 template <class Kernel>
-int MaxActiveClusters(int device, dim3 cluster_dims) {
+int MaxActiveClusters(const DeviceFacts& facts, dim3 cluster_dims) {
+  const int device = facts.device;
   static std::mutex mutex;
   static std::map<std::pair<int, int>, int> known;
   const int cluster_size = static_cast<int>(cluster_dims.x * cluster_dims.y * cluster_dims.z);
   std::lock_guard<std::mutex> lock(mutex);
   auto it = known.find({device, cluster_size});
   if (it != known.end()) return it->second;
-  cudaLaunchAttribute cluster;
+  cudaLaunchAttribute attrs[2];
   const cudaLaunchConfig_t config =
-      KernelLaunchConfig<Kernel>(cluster_dims, cluster_dims, /*stream=*/nullptr, cluster);
+      KernelLaunchConfig<Kernel>(cluster_dims, cluster_dims, facts, /*stream=*/nullptr, attrs);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, cutlass::device_kernel<Kernel>, &config) !=
       cudaSuccess) {
@@ -140,7 +137,7 @@ std::string LaunchGemm(typename Kernel::Arguments args, const SwigluProblem& p,
     return std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(err);
   }
   if (cluster_dims.x * cluster_dims.y * cluster_dims.z > 1) {
-    args.hw_info.max_active_clusters = MaxActiveClusters<Kernel>(facts.device, cluster_dims);
+    args.hw_info.max_active_clusters = MaxActiveClusters<Kernel>(facts, cluster_dims);
   }
   if (!Kernel::can_implement(args)) {
     return name + " kernel cannot implement M=" + std::to_string(p.m) + " N=" +
@@ -160,9 +157,9 @@ std::string LaunchGemm(typename Kernel::Arguments args, const SwigluProblem& p,
 
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, p.workspace);
 
-  cudaLaunchAttribute cluster;
-  const cudaLaunchConfig_t launch =
-      KernelLaunchConfig<Kernel>(Kernel::get_grid_shape(params), cluster_dims, stream, cluster);
+  cudaLaunchAttribute attrs[2];
+  const cudaLaunchConfig_t launch = KernelLaunchConfig<Kernel>(Kernel::get_grid_shape(params),
+                                                               cluster_dims, facts, stream, attrs);
 
   cudaError_t err = cudaLaunchKernelEx(&launch, cutlass::device_kernel<Kernel>, params);
   if (err != cudaSuccess) {

@@ -13,7 +13,8 @@
 //     their shared memory (distributed shared memory), in rank order.
 // CTA 0 then pairs each gate sum with its up sum (32 packed columns apart in the packed
 // layout, jax_swiglu/_layout.py), applies the activation in fp32 and rounds once. Nothing
-// is allocated, synchronized with the host, or written outside `out`. (A tensor-core form on
+// is allocated, synchronized with the host, or written outside `out`. Launched with PDL
+// (launch.h), it waits for the previous kernel before its first load. (A tensor-core form on
 // mma.sync, measured slower, lives in benchmarks/research/gemv_probe/.)
 #pragma once
 
@@ -194,6 +195,10 @@ __global__ void __launch_bounds__(kGemvThreads, GemvMinBlocks(kTokens)) GemvSwig
     for (int j = 0; j < 8; ++j) sums[t][j] = 0.f;
   }
 
+  // Programmatic dependent launch: nothing above touches global memory, so the launch may
+  // overlap the previous kernel's drain; its results are visible past this wait.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+
   const int steps = p.k / kGemvRows;
   const int first = split * p.steps_per_split;
   const int last = min(steps, first + p.steps_per_split);
@@ -225,6 +230,9 @@ __global__ void __launch_bounds__(kGemvThreads, GemvMinBlocks(kTokens)) GemvSwig
       AccumulateStep<kTokens, Tag>(p, weights, step * kGemvRows, sums);
     }
   }
+
+  // The weights are read: the next kernel of the stream may start its own prologue.
+  asm volatile("griddepcontrol.launch_dependents;");
 
   // 2. The warps' sums, added in warp order by the thread that owns each column.
 #pragma unroll
@@ -266,18 +274,14 @@ std::string LaunchGemvGrid(Kernel* kernel, int shared_bytes, int columns, int ro
                     static_cast<int>(p.k), static_cast<int>(2 * p.n_packed),
                     (steps + p.splits - 1) / p.splits};
   const int column_blocks = static_cast<int>((2 * p.n_packed + columns - 1) / columns);
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = p.splits;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
+  cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t launch{};
   launch.gridDim = dim3(p.splits, column_blocks, 1);
   launch.blockDim = dim3(kGemvThreads, 1, 1);
   launch.dynamicSmemBytes = shared_bytes;
   launch.stream = stream;
-  launch.attrs = &cluster;
-  launch.numAttrs = p.splits > 1 ? 1 : 0;
+  launch.attrs = attrs;
+  launch.numAttrs = LaunchAttributes(facts, dim3(p.splits, 1, 1), /*always_cluster=*/false, attrs);
   if (cudaError_t err = cudaLaunchKernelEx(&launch, kernel, params); err != cudaSuccess) {
     return std::string("gemv kernel launch failed: ") + cudaGetErrorString(err);
   }

@@ -1,0 +1,107 @@
+"""Where a decode step's time goes: a stack of gated MLP blocks under one jit (SM90 GPU).
+
+    python -m benchmarks.research.decode_stack --models llama-3-8b qwen2.5-14b --m 1 8 \
+        --blocks 8 --out stack.md
+
+Each block is ``h = h + fused_mlp(h, packed, w_down)`` (jax_swiglu) or the same block in
+plain XLA (``h + (silu(h @ Wg) * (h @ Wu)) @ W_down``); every block has its own weights, so the
+stack streams them from HBM as a model's layers do. Two times per stack:
+
+  kernels  the sum of the GPU kernels' own durations (CUPTI), what the benchmark reports
+  span     the stream's time per call with calls queued back to back (wall time of many
+           async calls divided by their count): the kernels plus the gaps between them
+
+``span - kernels`` is what launches and dependencies cost between kernels: the part that
+programmatic dependent launch can hide, and that no isolated kernel time shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+import jax_swiglu
+
+from .. import bench_swiglu
+from .. import shapes as shapes_lib
+
+
+def _weights(key, k, n, blocks):
+    layers = []
+    for i in range(blocks):
+        kg, ku, kd = jax.random.split(jax.random.fold_in(key, i), 3)
+        w_gate = (jax.random.normal(kg, (k, n), jnp.float32) / math.sqrt(k)).astype(jnp.bfloat16)
+        w_up = (jax.random.normal(ku, (k, n), jnp.float32) / math.sqrt(k)).astype(jnp.bfloat16)
+        w_down = (jax.random.normal(kd, (n, k), jnp.float32) / math.sqrt(n)).astype(jnp.bfloat16)
+        layers.append((w_gate, w_up, w_down, jax_swiglu.pack_weights(w_gate, w_up)))
+    return layers
+
+
+def stacks():
+    def fused(h, layers):
+        for _, _, w_down, packed in layers:
+            h = h + jax_swiglu.fused_mlp(h, packed, w_down)
+        return h
+
+    def xla(h, layers):
+        for w_gate, w_up, w_down, _ in layers:
+            h = h + (jax.nn.silu(h @ w_gate) * (h @ w_up)) @ w_down
+        return h
+    return {"fused": jax.jit(fused), "xla": jax.jit(xla)}
+
+
+def span_us(fn, args, calls: int, rounds: int) -> float:
+    """Median over rounds of the wall time per call of `calls` calls queued back to back."""
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) * 1e6 / calls)
+    return statistics.median(samples)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["llama-3-8b"])
+    parser.add_argument("--m", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    fns = stacks()
+    lines = ["# Decode stacks: kernel sum and stream span per call (us)", "",
+             f"`python -m benchmarks.research.decode_stack {' '.join(sys.argv[1:] if argv is None else argv)}`",
+             "", "| model | M | blocks | fused kernels | fused span | xla kernels | xla span | "
+             "fused gaps | xla gaps | xla span / fused span |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for model in args.models:
+        k, n = shapes_lib.mlp_shape(model)
+        layers = _weights(jax.random.PRNGKey(0), k, n, args.blocks)
+        for m in args.m:
+            h = jax.random.normal(jax.random.PRNGKey(m), (m, k), jnp.float32).astype(jnp.bfloat16)
+            kernels, _ = bench_swiglu.measure_side_by_side(fns, (h, layers), 20, 2, wall=False)
+            kernels = {name: 1e3 * t for name, t in kernels.items()}
+            span = {name: span_us(fn, (h, layers), args.calls, args.rounds)
+                    for name, fn in fns.items()}
+            lines.append(
+                f"| {model} | {m} | {args.blocks} | {kernels['fused']:.1f} | {span['fused']:.1f} | "
+                f"{kernels['xla']:.1f} | {span['xla']:.1f} | "
+                f"{span['fused'] - kernels['fused']:.1f} | {span['xla'] - kernels['xla']:.1f} | "
+                f"{span['xla'] / span['fused']:.3f} |")
+            print(lines[-1], flush=True)
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
