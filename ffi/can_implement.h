@@ -97,6 +97,28 @@ inline std::string CannotRun(const KernelConfig& c, const SwigluProblem& p) {
            " bands and needs M to be a multiple of " + std::to_string(c.m_multiple()) +
            "; got M=" + std::to_string(p.m);
   }
+  if (c.grouped() != (p.experts > 0)) {
+    return c.grouped() ? name + " runs grouped (expert) calls only: it needs the experts' "
+                                "weights and group sizes"
+                       : name + " is not a grouped row: it cannot run a call over " +
+                             std::to_string(p.experts) + " experts";
+  }
+  if (c.grouped()) {
+    // The tile coordinates pack an expert in an int32 (ExpertTile) and the walk counts tiles
+    // in 32 bits (expert_groups.cuh).
+    const int64_t tiles_n = (2 * p.n_packed + c.tile_n - 1) / c.tile_n;
+    const int64_t groups = (p.experts < p.m ? p.experts : p.m) + 1;
+    const int64_t max_tiles = ((p.m + c.tile_m - 1) / c.tile_m + groups) * tiles_n;
+    if (p.experts >= (int64_t(1) << 21) || max_tiles >= (int64_t(1) << 31)) {
+      return name + " runs fewer than 2^21 experts and 2^31 tiles; got " +
+             std::to_string(p.experts) + " experts of M=" + std::to_string(p.m) + " rows";
+    }
+    if (p.swizzle != 1 || p.raster != 0) {
+      return name + " walks the experts' tiles in its own order and takes no swizzle or "
+                    "raster; got swizzle=" + std::to_string(p.swizzle) + " raster=" +
+             std::to_string(p.raster);
+    }
+  }
   if (p.swizzle != 1 && p.swizzle != 2 && p.swizzle != 4 && p.swizzle != 8) {
     return "swizzle must be 1, 2, 4 or 8; got " + std::to_string(p.swizzle);
   }

@@ -216,8 +216,53 @@ ffi::Error SwigluFp8(cudaStream_t stream, ffi::AnyBuffer x,
       stream, problem, workspace, config, swizzle, raster, splits, promotion);
 }
 
+// Grouped (mixture-of-experts) calls on 16-bit operands: x [T, K] with its rows sorted by
+// expert, the experts' packed weights [E, K, 2 * n_packed], group_sizes [E] int32 (rows per
+// expert, read on the device) and out [T, N]; a row of the Grouped scheduler.
+template <Activation kActivation, ffi::DataType T>
+ffi::Error SwigluGrouped(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> experts,
+                         ffi::Buffer<ffi::DataType::S32> group_sizes,
+                         ffi::Result<ffi::Buffer<T>> out, int64_t config, int64_t swizzle,
+                         int64_t raster, int64_t splits) {
+  auto xd = x.dimensions(), ed = experts.dimensions(), od = out->dimensions();
+  if (xd.size() != 2 || ed.size() != 3 || od.size() != 2 || ed[0] <= 0 ||
+      static_cast<int64_t>(group_sizes.element_count()) != ed[0]) {
+    return ffi::Error::InvalidArgument(
+        "jax_swiglu grouped: expected x [T, K], experts [E, K, 2N'], group_sizes [E], out "
+        "[T, N]; got " + Dims(xd) + ", " + Dims(ed) + ", " + Dims(group_sizes.dimensions()) +
+        ", " + Dims(od));
+  }
+  SwigluProblem problem{x.untyped_data(), experts.untyped_data(), out->untyped_data(),
+                        xd[0], od[1], ed[2] / 2, xd[1], /*swizzle=*/1, /*raster=*/0};
+  if (ed[1] != problem.k || od[0] != problem.m || ed[2] % (2 * kGateUpBlock) != 0 ||
+      problem.n > problem.n_packed || problem.n <= problem.n_packed - kGateUpBlock) {
+    return ffi::Error::InvalidArgument("jax_swiglu grouped: inconsistent shapes x " + Dims(xd) +
+                                       ", experts " + Dims(ed) + ", out " + Dims(od));
+  }
+  problem.experts = ed[0];
+  problem.group_sizes = group_sizes.typed_data();
+  std::optional<ffi::Result<ffi::AnyBuffer>> no_workspace;
+  return Run<Family::Interleaved, Operands::Bits16, kActivation, T>(
+      stream, problem, no_workspace, config, swizzle, raster, splits, /*promotion=*/4);
+}
+
 }  // namespace
 }  // namespace jax_swiglu
+
+#define JAX_SWIGLU_DEFINE_GROUPED_HANDLER(symbol, activation, dtype)                      \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                         \
+      symbol, (jax_swiglu::SwigluGrouped<jax_swiglu::Activation::activation, dtype>),    \
+      ffi::Ffi::Bind()                                                                   \
+          .Ctx<ffi::PlatformStream<cudaStream_t>>()                                      \
+          .Arg<ffi::Buffer<dtype>>()                                                     \
+          .Arg<ffi::Buffer<dtype>>()                                                     \
+          .Arg<ffi::Buffer<ffi::DataType::S32>>()                                        \
+          .Ret<ffi::Buffer<dtype>>()                                                     \
+          .Attr<int64_t>("config")                                                       \
+          .Attr<int64_t>("swizzle")                                                      \
+          .Attr<int64_t>("raster")                                                       \
+          .Attr<int64_t>("splits"),                                                      \
+      {ffi::Traits::kCmdBufferCompatible})
 
 #define JAX_SWIGLU_DEFINE_FP8_HANDLER(symbol, activation, dtype)                          \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                         \
@@ -271,7 +316,11 @@ ffi::Error SwigluFp8(cudaStream_t stream, ffi::AnyBuffer x,
                             ffi::DataType::F16);                                           \
   JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##Bf16, activation,                  \
                                 ffi::DataType::BF16);                                      \
-  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##F16, activation, ffi::DataType::F16);
+  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##F16, activation, ffi::DataType::F16); \
+  JAX_SWIGLU_DEFINE_GROUPED_HANDLER(JaxSwigluGrouped##activation##Bf16, activation,         \
+                                    ffi::DataType::BF16);                                 \
+  JAX_SWIGLU_DEFINE_GROUPED_HANDLER(JaxSwigluGrouped##activation##F16, activation,          \
+                                    ffi::DataType::F16);
 JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_DEFINE_HANDLERS)
 #undef JAX_SWIGLU_DEFINE_HANDLERS
 
@@ -298,6 +347,8 @@ const char* SchedulerName(jax_swiglu::TileScheduler s) {
       return "split-tail";
     case jax_swiglu::TileScheduler::ClusterSplitK:
       return "cluster-split-k";
+    case jax_swiglu::TileScheduler::Grouped:
+      return "grouped";
     default:
       return "persistent";
   }
@@ -308,7 +359,8 @@ const char* OperandsName(jax_swiglu::Operands o) {
 }
 
 // Every FFI target: its name (which says what runs), the family, operands, activation and
-// dtype (the output's) it runs, and its handler. The one list the functions below read.
+// dtype (the output's) it runs, whether it runs grouped (expert) calls, and its handler. The
+// one list the functions below read.
 struct Target {
   const char* name;
   const char* family;
@@ -316,6 +368,7 @@ struct Target {
   const char* activation;
   const char* dtype;
   XLA_FFI_Error* (*handler)(XLA_FFI_CallFrame*);
+  bool grouped = false;
 };
 #define JAX_SWIGLU_TARGETS(activation, name)                                                 \
   {"jax_swiglu_interleaved_" name "_bf16", "interleaved", "16bit", name, "bfloat16",         \
@@ -333,7 +386,11 @@ struct Target {
       {"jax_swiglu_interleaved_fp8_" name "_bf16", "interleaved", "e4m3", name, "bfloat16",  \
        JaxSwigluFp8##activation##Bf16},                                                      \
       {"jax_swiglu_interleaved_fp8_" name "_f16", "interleaved", "e4m3", name, "float16",    \
-       JaxSwigluFp8##activation##F16},
+       JaxSwigluFp8##activation##F16},                                                       \
+      {"jax_swiglu_grouped_" name "_bf16", "interleaved", "16bit", name, "bfloat16",         \
+       JaxSwigluGrouped##activation##Bf16, true},                                            \
+      {"jax_swiglu_grouped_" name "_f16", "interleaved", "16bit", name, "float16",           \
+       JaxSwigluGrouped##activation##F16, true},
 const Target kTargets[] = {JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_TARGETS)};
 #undef JAX_SWIGLU_TARGETS
 
@@ -364,7 +421,7 @@ std::string WithCompiledRow(int64_t config, F&& f) {
 
 jax_swiglu::SwigluProblem ProblemOf(int64_t m, int64_t n, int64_t n_packed, int64_t k,
                                     int64_t swizzle, int64_t raster, int64_t splits,
-                                    int64_t promotion) {
+                                    int64_t promotion, int64_t experts = 0) {
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   for (int64_t v : {m, n, k, 2 * n_packed, swizzle, raster, splits, promotion}) {
     if (v > kMax || v < -kMax) throw std::invalid_argument("jax_swiglu: a dimension exceeds 2^31 - 1");
@@ -373,6 +430,7 @@ jax_swiglu::SwigluProblem ProblemOf(int64_t m, int64_t n, int64_t n_packed, int6
                               static_cast<int>(swizzle), static_cast<int>(raster),
                               static_cast<int>(splits)};
   p.fp8_promotion = static_cast<int>(promotion);
+  p.experts = experts;
   return p;
 }
 
@@ -399,6 +457,7 @@ NB_MODULE(_kernels, m) {
       d["operands"] = t.operands;
       d["activation"] = t.activation;
       d["dtype"] = t.dtype;
+      d["grouped"] = t.grouped;
       l.append(d);
     }
     return l;
@@ -429,6 +488,7 @@ NB_MODULE(_kernels, m) {
       d["m_multiple"] = c.m_multiple();
       d["ctas_per_sm"] = c.ctas_per_sm();
       d["takes_splits"] = c.takes_splits();
+      d["grouped"] = c.grouped();
       l.append(d);
     }
     return l;
@@ -439,15 +499,16 @@ NB_MODULE(_kernels, m) {
   m.def(
       "can_implement",
       [](int64_t config, int64_t m, int64_t n, int64_t k, int64_t splits, int64_t swizzle,
-         int64_t raster, int64_t promotion) -> std::string {
+         int64_t raster, int64_t promotion, int64_t experts) -> std::string {
         const KernelConfig& row = Row(config);
         const int64_t n_packed = (n + jax_swiglu::kGateUpBlock - 1) / jax_swiglu::kGateUpBlock *
                                  jax_swiglu::kGateUpBlock;
         return jax_swiglu::CannotRun(
-            row, ProblemOf(m, n, n_packed, k, swizzle, raster, splits, promotion));
+            row, ProblemOf(m, n, n_packed, k, swizzle, raster, splits, promotion, experts));
       },
       nb::arg("config"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("splits") = 1,
-      nb::arg("swizzle") = 1, nb::arg("raster") = 0, nb::arg("promotion") = 4);
+      nb::arg("swizzle") = 1, nb::arg("raster") = 0, nb::arg("promotion") = 4,
+      nb::arg("experts") = 0);
 
   // The split-K factors (stream-K) or cluster sizes (gemv) worth trying for row `config` on K.
   m.def("split_choices", [](int64_t config, int64_t k) {

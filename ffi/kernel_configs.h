@@ -49,7 +49,10 @@
 //              split-K instead); ClusterSplitK (the gemv kernel: K split over a cluster
 //              of `splits` CTAs that add their sums in distributed shared memory, no
 //              workspace); SplitTail (persistent, but a last round of tiles at most half
-//              full runs as 64-row halves on the idle CTAs: kernels/schedulers/split_tail.cuh).
+//              full runs as 64-row halves on the idle CTAs: kernels/schedulers/split_tail.cuh);
+//              Grouped (a mixture-of-experts call: x's rows sorted by expert, one packed
+//              matrix per expert, every expert's tiles in one persistent grid walked from the
+//              group sizes on the device: kernels/schedulers/expert_groups.cuh).
 //   store      TmaStore (output tile through shared memory and one TMA store) or DirectStore
 //              (16-byte stores from registers; the swap-AB configs after their shared-memory
 //              pairing).
@@ -106,7 +109,11 @@
   X(29, Interleaved, Fp8E4m3, Cooperative, Weights, 16, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
   X(30, Interleaved, Fp8E4m3, Cooperative, Weights, 64, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
   X(31, Interleaved, Fp8E4m3, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
-  X(32, Interleaved, Fp8E4m3, Cooperative, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Optional)
+  X(32, Interleaved, Fp8E4m3, Cooperative, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Optional) \
+  X(33, Interleaved, Bits16, Cooperative, Tokens, 128, 256, 64, 1, 1, Grouped, DirectStore, 1, Always)     \
+  X(34, Interleaved, Bits16, Pingpong, Tokens, 64, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)      \
+  X(35, Interleaved, Bits16, Cooperative, Weights, 16, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)   \
+  X(36, Interleaved, Bits16, Cooperative, Weights, 32, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
@@ -141,7 +148,7 @@ enum class Family { Interleaved, GateThenUp, Gemv };
 enum class Operands { Bits16, Fp8E4m3 };
 enum class Schedule { Cooperative, Pingpong, CudaCores };
 enum class MmaMSide { Tokens, Weights };
-enum class TileScheduler { Persistent, StreamK, SplitTail, ClusterSplitK };
+enum class TileScheduler { Persistent, StreamK, SplitTail, ClusterSplitK, Grouped };
 enum class OutputStore { TmaStore, DirectStore };
 enum class Build { Always, Optional };
 
@@ -176,6 +183,8 @@ struct KernelConfig {
   constexpr bool takes_splits() const {
     return scheduler == TileScheduler::StreamK || scheduler == TileScheduler::ClusterSplitK;
   }
+  // Whether the row runs grouped (mixture-of-experts) calls, and only those.
+  constexpr bool grouped() const { return scheduler == TileScheduler::Grouped; }
 };
 
 #define JAX_SWIGLU_CONFIG_ROW(id, family, operands, schedule, m_side, tm, tn, tk, cm, cn,  \
@@ -211,6 +220,18 @@ constexpr bool IsValidRow(const KernelConfig& c) {
            c.cluster_n == 1 && c.store == OutputStore::DirectStore && c.m_bands == 1;
   }
   if (c.tile_n % (2 * kGateUpBlock) != 0) return false;  // whole gate/up pairs per tile
+  if (c.grouped()) {
+    // Grouped tiles: the interleaved kernel on 16-bit operands, without clusters (a tile's
+    // neighbour may be another expert's), stored directly (only the expert's rows of a ragged
+    // tile), tiles of at most 256 rows (expert_groups.cuh); swap-AB as the dense swap-AB rows
+    // below, cooperative.
+    const bool common = c.family == Family::Interleaved && c.operands == Operands::Bits16 &&
+                        c.cluster_m == 1 && c.cluster_n == 1 &&
+                        c.store == OutputStore::DirectStore && c.m_bands == 1 && c.tile_m <= 256;
+    return common && (c.m_side == MmaMSide::Tokens ||
+                      (c.schedule == Schedule::Cooperative && c.tile_n % 128 == 0 &&
+                       c.tile_m % 8 == 0 && c.tile_m <= 64));
+  }
   if (c.family == Family::GateThenUp) {
     // Kernel-1 runs the pingpong schedule without clusters, on whole tiles, 16-bit.
     return c.operands == Operands::Bits16 && c.schedule == Schedule::Pingpong &&

@@ -50,6 +50,13 @@ struct SwigluProblem {
   // k tile's, tile_k / 32). The tensor cores accumulate fp8 products at reduced precision in
   // between.
   int fp8_promotion = 4;
+  // Grouped rows only (a mixture-of-experts call): `packed` holds `experts` packed matrices
+  // [k, 2 * n_packed] one after the other, and x's rows are sorted by expert, group_sizes[e]
+  // of them (int32, on the device; a negative size counts as 0, a sum past m ends the groups
+  // at row m) for expert e; rows past the groups are written as zeros. experts is 0 for a
+  // dense call.
+  const int32_t* group_sizes = nullptr;
+  int64_t experts = 0;
 };
 
 // Per-device facts the launchers need, read once per device and cached.

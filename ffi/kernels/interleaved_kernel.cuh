@@ -12,6 +12,9 @@
 //  - weights on the wgmma M side (swap-AB, the decode form): the GEMM is [2N, M, K] with the
 //    packed weights as A and x as B; SwapAbSwiGluEpilogue pairs gate and up through shared
 //    memory.
+// A grouped row (scheduler Grouped) runs the prefill form over every expert of a
+// mixture-of-experts call in one persistent grid: x's rows sorted by expert, E packed weight
+// matrices, the group sizes read on the device (schedulers/expert_groups.cuh).
 // x is K-contiguous ([M, K]). The 16-bit packed weights are packed-column-contiguous
 // ([K, 2N]); the e4m3 ones K-contiguous ([2N, K]), as SM90's fp8 wgmma reads both operands
 // K-major. The fp8 epilogues multiply each accumulator by its token's and its packed
@@ -40,6 +43,7 @@
 #include "epilogue/tma_store.cuh"
 #include "launch_gemm.cuh"
 #include "mainloop/edge_tiles.cuh"
+#include "schedulers/expert_groups.cuh"
 #include "schedulers/m_bands.cuh"
 #include "schedulers/split_tail.cuh"
 
@@ -74,13 +78,18 @@ template <>
 struct TileSchedulerFor<TileScheduler::SplitTail, 1> {
   using type = SplitTailPersistentScheduler;
 };
+template <>
+struct TileSchedulerFor<TileScheduler::Grouped, 1> {
+  using type = ExpertGroupsPersistentScheduler<false>;
+};
+// (The swap-AB grouped rows' scheduler is chosen in the assembly, which knows the m side.)
 
 // The output path of a tokens-on-M row: `kStore`'s part (epilogue/*_store.cuh).
 template <OutputStore kStore, class ElementD, int kTileM, int kTilePacked, class Pairs,
-          bool kHalfUnits>
+          bool kHalfUnits, class Rows>
 using StoreFor =
     cute::conditional_t<kStore == OutputStore::DirectStore,
-                        DirectStore<ElementD, kTileM, kTilePacked, Pairs, kHalfUnits>,
+                        DirectStore<ElementD, kTileM, kTilePacked, Pairs, kHalfUnits, Rows>,
                         TmaStore<ElementD, kTileM, kTilePacked, Pairs>>;
 
 // The CollectiveBuilder's TMA + wgmma mainloop on `TileShape`, A and B of `Element` in these
@@ -127,35 +136,44 @@ struct InterleavedAssembly {
 
   // A split last round (split_tail.cuh): half tiles, whose rows only the direct store skips.
   static constexpr bool kSplitTail = kConfig.scheduler == TileScheduler::SplitTail;
+  // Grouped tiles: an expert's rows of a tile (expert_groups.cuh).
+  static constexpr bool kGrouped = kConfig.scheduler == TileScheduler::Grouped;
   // The sigmoid's reciprocal: alternating Newton and MUFU for the cooperative schedule,
   // MUFU's for pingpong (activations.cuh, Sigmoid).
   using Pairs = InterleavedPairs<kConfig.schedule == Schedule::Cooperative, kActivation>;
   using Store = StoreFor<kConfig.store, ElementD, kConfig.tile_m, kConfig.tile_n, Pairs,
-                         kSplitTail>;
+                         kSplitTail, cute::conditional_t<kGrouped, ExpertTileRows, DenseTileRows>>;
   using Scales = cute::conditional_t<
       kFp8, TokenAndColumnScales<kConfig.tile_m, kConfig.tile_n, Store::kShiftedRows>, NoScales>;
   using Epilogue = cute::conditional_t<
-      kSwapAb, SwapAbSwiGluEpilogue<ElementD, TileShape, kActivation, kFp8>,
+      kSwapAb,
+      SwapAbSwiGluEpilogue<ElementD, TileShape, kActivation, kFp8,
+                           cute::conditional_t<kGrouped, ExpertTileRows, PlainTileRows>>,
       SwiGluEpilogue<ElementD, TileShape, Pairs, Store, Scales>>;
 
   using Built = CollectiveMainloopFor<Element, TileShape, LayoutA, LayoutB, kConfig.cluster_m,
                                       kConfig.cluster_n, kConfig.schedule, Epilogue::kSharedBytes>;
   // Tokens on M with the direct store: edge tiles' x loads are kept inside x (edge_tiles.cuh).
   static constexpr bool kShiftedRows = !kSwapAb && Store::kShiftedRows;
-  using EdgeMainloop = cute::conditional_t<kShiftedRows, EdgeTileMainloop<Built>, Built>;
+  using EdgeMainloop = cute::conditional_t<
+      kGrouped, ExpertGroupsMainloop<Built, kSwapAb>,
+      cute::conditional_t<kShiftedRows, EdgeTileMainloop<Built>, Built>>;
   using Mainloop = cute::conditional_t<kSplitTail, SplitTailMainloop<EdgeMainloop>, EdgeMainloop>;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<
-      cute::Shape<int, int, int, int>, Mainloop, Epilogue,
+  using Scheduler = cute::conditional_t<
+      kGrouped, ExpertGroupsPersistentScheduler<kSwapAb>,
       typename TileSchedulerFor<kConfig.scheduler, kConfig.m_bands>::type>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
+                                                      Epilogue, Scheduler>;
 
   static typename Kernel::Arguments Arguments(const SwigluProblem& p, const DeviceFacts& facts) {
     // Strides in CuTe's (rows, contraction, batch) order: A is (M, K, L), B is (N, K, L).
     const auto x_stride = cute::make_stride(p.k, cute::_1{}, int64_t(0));
+    // (A grouped call's experts are the weights' batches, one [K, 2 N_pad] matrix each.)
     auto weights_stride = [&] {
       if constexpr (kFp8) {
         return cute::make_stride(p.k, cute::_1{}, int64_t(0));
       } else {
-        return cute::make_stride(cute::_1{}, 2 * p.n_packed, int64_t(0));
+        return cute::make_stride(cute::_1{}, 2 * p.n_packed, kGrouped ? p.k * 2 * p.n_packed : 0);
       }
     }();
     const auto* x = static_cast<Element const*>(p.x);
@@ -177,6 +195,14 @@ struct InterleavedAssembly {
     if constexpr (kFp8) {
       return GemmArguments<Kernel>(
           shape, {a, stride_a, b, stride_b, static_cast<uint32_t>(p.fp8_promotion)}, p, facts);
+    } else if constexpr (kGrouped) {
+      typename Kernel::MainloopArguments mainloop{};
+      static_cast<typename Built::Arguments&>(mainloop) = {a, stride_a, b, stride_b};
+      mainloop.experts = static_cast<int>(p.experts);
+      auto args = GemmArguments<Kernel>(shape, mainloop, p, facts);
+      args.scheduler.group_sizes = p.group_sizes;
+      args.scheduler.experts = static_cast<int>(p.experts);
+      return args;
     } else {
       return GemmArguments<Kernel>(shape, {a, stride_a, b, stride_b}, p, facts);
     }

@@ -26,7 +26,10 @@ namespace jax_swiglu {
 // is [kTileM, kTilePacked / 2] of ElementD. kHalfUnits: the scheduler may hand it a half tile
 // (split_tail.cuh), marked in the tile's batch index; only the split-tail configs' stores
 // check for one.
-template <class ElementD, int kTileM, int kTilePacked, class Pairs, bool kHalfUnits = false>
+// `Rows` says which rows of a tile are its own (TileRows: DenseTileRows, or ExpertTileRows
+// for grouped tiles, schedulers/expert_groups.cuh).
+template <class ElementD, int kTileM, int kTilePacked, class Pairs, bool kHalfUnits = false,
+          class Rows = DenseTileRows>
 struct DirectStore {
   // An edge tile's rows come from where EdgeTileMainloop loaded them (edge_tiles.cuh): the
   // kernel assembly picks that mainloop by this.
@@ -60,15 +63,17 @@ struct DirectStore {
     const int p0 = get<1>(tAcc_coord(0));  // 2q
     auto [m_coord, n_coord, k_coord, l_coord] = tile_coord_mnkl;
     // An edge tile's rows start where its loads did (edge_tiles.cuh); rows before the tile's
-    // own start belong to the tile above and are not stored again.
+    // own start belong to the tile above (or another expert) and are not stored again.
     const int m_total = static_cast<int>(get<0>(problem_shape_mnkl));
-    const int tile_row = static_cast<int>(m_coord) * kTileM;
-    const int row0 = EdgeTileOrigin(static_cast<int>(m_coord), kTileM, m_total) + m0;
+    const TileRows rows = Rows::template Of<kTileM>(m_total, static_cast<int>(m_coord),
+                                                    static_cast<int>(l_coord));
+    const int row0 = rows.origin + m0;
     const int col0 = static_cast<int>(n_coord) * kTileN + 4 * p0;  // 8q
-    const int rows_above = tile_row - row0;
+    const int rows_above = rows.first - m0;
     // A unit of a split last round (split_tail.cuh) computed one row of m64 atoms only.
     const int half = kHalfUnits ? SplitTailHalfOfBatchIndex(static_cast<int>(l_coord)) : -1;
-    const int rows_left = m_total - row0;
+    const int own_end = rows.end < m_total - rows.origin ? rows.end : m_total - rows.origin;
+    const int rows_left = own_end - m0;
     const int cols_left = params.n - col0;
     const int64_t row_stride = params.n;
     ElementD* const thread_base = params.ptr_d + row0 * row_stride + col0;
@@ -88,7 +93,9 @@ struct DirectStore {
             const int dn = Pairs::OutputColumn(get<1>(coord) - p0);  // compile-time
             if (dm < rows_above || dm >= rows_left || dn >= cols_left) continue;
             *reinterpret_cast<uint4*>(thread_base + dm * row_stride + dn) =
-                RunWords<Pairs, ElementD, kBlocks>(accumulators, row, block, mma_m, mma_n);
+                rows.zeros ? make_uint4(0, 0, 0, 0)
+                           : RunWords<Pairs, ElementD, kBlocks>(accumulators, row, block, mma_m,
+                                                                mma_n);
           }
         }
       }

@@ -16,7 +16,9 @@
 // which calls it only for the work unit that completes a tile (after the stream-K fixup has
 // summed the partial accumulators); the empty load side is EpilogueWithoutSource's. The fp8
 // kernel's form (Scaled) multiplies gate and up by their token's and packed column's scales
-// (epilogue/scales.cuh) before the activation.
+// (epilogue/scales.cuh) before the activation. `Rows` says which tokens of a tile are its own
+// (TileRows, mainloop/edge_tiles.cuh: PlainTileRows for dense calls, ExpertTileRows for
+// grouped ones, schedulers/expert_groups.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -27,12 +29,14 @@
 
 #include "../../kernel_configs.h"
 #include "../activations.cuh"
+#include "../mainloop/edge_tiles.cuh"
 #include "no_source.cuh"
 #include "scales.cuh"
 
 namespace jax_swiglu {
 
-template <class ElementD_, class CtaTileShape_, Activation kActivation, bool kScaled = false>
+template <class ElementD_, class CtaTileShape_, Activation kActivation, bool kScaled = false,
+          class Rows = PlainTileRows>
 class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
   using Base = EpilogueWithoutSource<ElementD_>;
 
@@ -119,14 +123,23 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
     // 8j + 2q + e (j = 0..3, e = 0..1) of the run's gate block, and 32 further on for up.
     auto [packed_tile, token_tile, k_coord, l_coord] = tile_coord_mnkl;
     const int tokens = static_cast<int>(get<1>(problem_shape_mnkl));
-    const int token0 = static_cast<int>(token_tile) * kTileTokens;
+    // The tile's accumulator row t is token rows.origin + t; rows first .. end - 1 are its own.
+    const TileRows rows = Rows::template Of<kTileTokens>(tokens, static_cast<int>(token_tile),
+                                                         static_cast<int>(l_coord));
+    const int token0 = rows.origin;
+    const int own_end = rows.end < tokens - token0 ? rows.end : tokens - token0;
     const int col0 = static_cast<int>(packed_tile) * kTileN;
     constexpr int kGroupsPerToken = kTileN / 8;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int group = thread_idx; group < kTileTokens * kGroupsPerToken; group += kThreads) {
       const int token = group / kGroupsPerToken;
       const int column = (group % kGroupsPerToken) * 8;
-      if (token0 + token >= tokens || col0 + column >= params_.n) continue;
+      if (token < rows.first || token >= own_end || col0 + column >= params_.n) continue;
+      if (rows.zeros) {
+        *reinterpret_cast<uint4*>(params_.ptr_d + int64_t(token0 + token) * params_.n + col0 +
+                                  column) = make_uint4(0, 0, 0, 0);
+        continue;
+      }
       const float* gate = smem + token * kRowFloats + (column / kGateUpBlock) * 2 * kGateUpBlock +
                           2 * ((column % kGateUpBlock) / 8);
       const float* up = gate + kGateUpBlock;

@@ -27,6 +27,34 @@ CUTLASS_HOST_DEVICE constexpr int EdgeTileOrigin(int tile, int tile_extent, int 
   return start < last_inside ? start : last_inside;
 }
 
+// The rows of an output tile its epilogue stores: the tile computed rows origin .. origin +
+// tile_m - 1 (where its loads of x started), and rows origin + first .. origin + end - 1 are
+// its own (end may pass T; the store stops there too). A zeros tile stores zeros there.
+struct TileRows {
+  int origin;
+  int first;
+  int end;
+  bool zeros;
+};
+
+// A dense tile's rows where its loads start at the tile itself (TMA fills rows past T with
+// zeros): the swap-AB form's token tiles.
+struct PlainTileRows {
+  template <int kTileM>
+  CUTLASS_HOST_DEVICE static TileRows Of(int /*m_total*/, int m_coord, int /*l_coord*/) {
+    return {m_coord * kTileM, 0, kTileM, false};
+  }
+};
+
+// A dense tile's rows: its own start, moved inside x at the edge as above.
+struct DenseTileRows {
+  template <int kTileM>
+  CUTLASS_HOST_DEVICE static TileRows Of(int m_total, int m_coord, int /*l_coord*/) {
+    const int origin = EdgeTileOrigin(m_coord, kTileM, m_total);
+    return {origin, m_coord * kTileM - origin, m_total - origin, false};
+  }
+};
+
 // CUTLASS's SM90 TMA mainloop `Base` with its producer's x loads moved as above; the math
 // (mma, mma_tail) is Base's. Pair it only with an epilogue that stores an edge tile's rows
 // from EdgeTileOrigin (SwiGluEpilogue's direct store: kShiftedRows).
