@@ -8,9 +8,13 @@ rows for expert ``e`` in expert order; rows past the sum are not any expert's an
 zeros. Each expert's gate and up weights are packed in the dense kernels' layout
 (jax_swiglu/_layout.py, the one definition), stacked along a leading expert axis.
 
-The path today is XLA's: one ``ragged_dot`` over the packed weights with fp32 accumulation,
-the split, ``act(g) * u`` in fp32 and one rounding, the same spec as the dense call. A
-grouped fused kernel is not built yet (``explain_grouped`` says what runs).
+On an SM90 GPU, bfloat16 and float16 calls run the grouped fused kernel: one persistent
+grid over every expert's tiles, walked from the group sizes on the device (no host sync; the
+shapes XLA sees stay static), with the dense kernels' pairing epilogue, so the ``[T, 2F]``
+gate/up product never reaches HBM. Elsewhere (and for other dtypes, callable activations or
+``kernel="xla"``) the spec runs in plain XLA: one ``ragged_dot`` over the packed weights
+with fp32 accumulation, the split, ``act(g) * u`` in fp32 and one rounding.
+``explain_grouped`` says what runs.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import _layout, _reference
+from . import _launch, _layout, _native, _primitive, _reference, selection
+from ._reference import defined_group_sizes  # noqa: F401  (public here since wave 3)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -164,15 +169,6 @@ def _as_experts(experts) -> PackedExperts:
     return experts
 
 
-def defined_group_sizes(group_sizes, tokens: int):
-    """The group sizes a call runs: negative sizes count as 0, and the groups end at the
-    last row (a sum over ``tokens`` gives the later experts fewer rows, or none). Within
-    those bounds the sizes are used as given; this makes any device-computed value defined."""
-    sizes = jnp.maximum(group_sizes, 0)
-    ends = jnp.minimum(jnp.cumsum(sizes), tokens)
-    return jnp.diff(ends, prepend=jnp.zeros((1,), ends.dtype)).astype(jnp.int32)
-
-
 def _check_grouped_call(x, experts: PackedExperts, group_sizes) -> None:
     if not (hasattr(x, "shape") and hasattr(x, "dtype")) or x.ndim != 2:
         raise ValueError(f"x must be [T, K] (tokens sorted by expert), got "
@@ -196,13 +192,41 @@ def _check_grouped_call(x, experts: PackedExperts, group_sizes) -> None:
                          f"({experts.experts},), got {tuple(group_sizes.shape)}")
 
 
-def _check_kernel(kernel: str) -> None:
-    if kernel not in ("auto", "xla"):
-        raise ValueError(f"kernel={kernel!r}: grouped calls run on the XLA path in this version "
-                         "(no grouped fused kernel yet); pass kernel='auto' or 'xla'")
+GROUPED_KERNELS = ("auto", "interleaved", "xla")
 
 
-def grouped_swiglu(x, experts, group_sizes, *, kernel: str = "auto", activation="silu"):
+def _requested(kernel: str, launch, x, experts: PackedExperts, activation):
+    """The kernel (``JAX_SWIGLU_KERNEL`` resolved as for dense calls), the forced launch as
+    a ``Launch`` checked where no M is needed, and why only the XLA path can run the call
+    (None if the kernel may)."""
+    kernel = selection.requested_kernel(kernel)
+    if kernel not in GROUPED_KERNELS:
+        raise ValueError(f"kernel={kernel!r}: grouped calls run kernel='auto', 'interleaved' "
+                         "(the grouped fused kernel) or 'xla'")
+    why = None
+    if jnp.dtype(x.dtype) not in _layout.KERNEL_DTYPES:
+        why = f"the grouped kernel takes bfloat16 or float16, x is {jnp.dtype(x.dtype)}"
+    elif not isinstance(activation, str):
+        why = (f"the activation {_reference.activation_label(activation)} is a callable; the "
+               f"kernels compile {', '.join(_reference.ACTIVATIONS)}")
+    if why and (launch is not None or kernel == "interleaved"):
+        asked = f"launch={launch}" if launch is not None else f"kernel={kernel!r}"
+        raise ValueError(f"{asked} cannot run this call: {why}. kernel='auto' or 'xla' runs "
+                         "it on the XLA path")
+    if launch is None:
+        return kernel, None, why
+    launch = _launch.parse(launch)
+    if kernel == "xla":
+        raise ValueError(f"launch={launch} and kernel='xla' ask for two different paths")
+    if _native.kernels_available():
+        problem = selection.GroupedProblem(max(1, x.shape[0]), experts.n, experts.k,
+                                           experts.experts, jnp.dtype(x.dtype).name)
+        selection.check_forced_grouped_launch(launch, problem)
+    return kernel, launch, why
+
+
+def grouped_swiglu(x, experts, group_sizes, *, kernel: str = "auto", launch=None,
+                   activation="silu"):
     """``act(x @ W_gate[e]) * (x @ W_up[e])`` for every row's expert ``e``.
 
     Args:
@@ -212,49 +236,48 @@ def grouped_swiglu(x, experts, group_sizes, *, kernel: str = "auto", activation=
         Negative sizes count as 0 and a sum over T ends the groups at T
         (:func:`defined_group_sizes`), so a size computed on the device never gives an
         undefined result.
-      kernel: ``"auto"`` or ``"xla"`` (both the XLA path today).
+      kernel: ``"auto"`` (the grouped fused kernel on an SM90 GPU, else XLA),
+        ``"interleaved"`` (the grouped kernel, an error where it cannot run) or ``"xla"``.
+      launch: one grouped row to run (a row of :func:`jax_swiglu.kernel_configs` whose
+        ``grouped`` is true, or its id), instead of the selection's.
       activation: as in :func:`jax_swiglu.swiglu` (names, aliases, callables).
 
     Returns:
-      ``[T, F]`` in ``x``'s dtype: fp32 accumulation and math, rounded once.
+      ``[T, F]`` in ``x``'s dtype: fp32 accumulation and math, rounded once. The fused
+      kernel is inference-only (no gradient); :func:`grouped_swiglu_reference` is the same
+      math in plain XLA, and float32/float64 calls run that path.
     """
     activation = _reference.resolve_activation(activation)
-    _check_kernel(kernel)
     experts = _as_experts(experts)
     _check_grouped_call(x, experts, group_sizes)
-    return _gated_on_xla(x, experts, defined_group_sizes(group_sizes, x.shape[0]), activation)
+    kernel, launch, why = _requested(kernel, launch, x, experts, activation)
+    if why:
+        return _reference.grouped_swiglu_reference_packed(x, experts.data, group_sizes,
+                                                          experts.n, activation)
+    return _primitive.grouped_swiglu_p.bind(
+        x, experts.data, group_sizes, n=experts.n, kernel=kernel, launch=launch,
+        activation=activation, out_dtype=jnp.dtype(x.dtype).name)
 
 
-def _gated_on_xla(x, experts: PackedExperts, sizes, activation):
-    """The spec on checked arguments: one ragged_dot over the packed experts in fp32 (float64
-    for float64 x), the split, act(g) * u, one rounding."""
-    product = jax.lax.ragged_dot(x, experts.data, sizes,
-                                 preferred_element_type=jnp.promote_types(x.dtype, jnp.float32),
-                                 precision=_reference.dot_precision(x.dtype))
-    gate, up = _layout.split_gate_up(product, experts.n)
-    return _reference.gated(gate, up, activation).astype(x.dtype)
-
-
-def grouped_fused_mlp(x, experts, w_down, group_sizes, *, kernel: str = "auto",
+def grouped_fused_mlp(x, experts, w_down, group_sizes, *, kernel: str = "auto", launch=None,
                       activation="silu"):
     """Every row's expert MLP block: ``grouped_swiglu(...) @ W_down[e]``.
 
     ``w_down`` is ``[E, F, K_out]`` in ``x``'s dtype; the down projection is a
-    ``ragged_dot`` over the same groups (fp32 accumulation, one rounding).
+    ``ragged_dot`` over the same groups (fp32 accumulation, one rounding); ``kernel``,
+    ``launch`` and ``activation`` are :func:`grouped_swiglu`'s.
     """
     experts = _as_experts(experts)
     if (not hasattr(w_down, "shape") or w_down.ndim != 3
             or tuple(w_down.shape[:2]) != (experts.experts, experts.n)):
         raise ValueError(f"w_down must be [E, F, K_out] with E={experts.experts}, F={experts.n}, "
                          f"got {tuple(getattr(w_down, 'shape', ())) or type(w_down).__name__}")
-    activation = _reference.resolve_activation(activation)
-    _check_kernel(kernel)
     _check_grouped_call(x, experts, group_sizes)
     if w_down.dtype != x.dtype:
         raise TypeError(f"w_down is {w_down.dtype} but x is {x.dtype}; they must match")
-    sizes = defined_group_sizes(group_sizes, x.shape[0])
-    y = _gated_on_xla(x, experts, sizes, activation)
-    out = jax.lax.ragged_dot(y, w_down, sizes,
+    y = grouped_swiglu(x, experts, group_sizes, kernel=kernel, launch=launch,
+                       activation=activation)
+    out = jax.lax.ragged_dot(y, w_down, defined_group_sizes(group_sizes, x.shape[0]),
                              preferred_element_type=jnp.promote_types(x.dtype, jnp.float32),
                              precision=_reference.dot_precision(x.dtype))
     return out.astype(x.dtype)
@@ -272,13 +295,27 @@ def grouped_swiglu_reference(x, w_gate, w_up, group_sizes, *, activation="silu")
     return _reference.gated(gate, up, activation).astype(x.dtype)
 
 
-def explain_grouped(x, experts, group_sizes, *, kernel: str = "auto", activation="silu") -> str:
-    """What a grouped call with these shapes runs, and why (no call is made)."""
+def explain_grouped(x, experts, group_sizes, *, kernel: str = "auto", launch=None,
+                    activation="silu", platform: str | None = None) -> str:
+    """What a grouped call with these shapes runs, and why (no call is made). ``x`` may be an
+    array or a ``jax.ShapeDtypeStruct``; ``platform`` defaults to the default backend."""
     activation = _reference.resolve_activation(activation)
-    _check_kernel(kernel)
     experts = _as_experts(experts)
     _check_grouped_call(x, experts, group_sizes)
-    return (f"T={x.shape[0]} E={experts.experts} F={experts.n} K={experts.k} {x.dtype} "
-            f"{_reference.activation_label(activation)}: runs plain XLA (one ragged_dot over the "
-            "packed expert weights, then act(g) * u in fp32): this version has no grouped "
-            "fused kernel")
+    kernel, launch, why = _requested(kernel, launch, x, experts, activation)
+    platform = platform or jax.default_backend()
+    platform = "cuda" if platform == "gpu" else platform
+    header = (f"T={x.shape[0]} E={experts.experts} F={experts.n} K={experts.k} {x.dtype} "
+              f"{_reference.activation_label(activation)} on {platform}: ")
+    xla = ("runs plain XLA (one ragged_dot over the packed expert weights, then act(g) * u "
+           "in fp32)")
+    if why:
+        return header + f"{xla}, since {why}\n  details: xla (the XLA reference)"
+    problem = selection.GroupedProblem(x.shape[0], experts.n, experts.k, experts.experts,
+                                       jnp.dtype(x.dtype).name, activation)
+    choice = selection.choose_grouped(problem, kernel=kernel, launch=launch, platform=platform)
+    if choice.launch is None:
+        return header + f"{xla}, since {choice.reason}\n  details: " + choice.describe(problem)
+    return (header + f"runs the grouped fused kernel config {choice.launch.config} "
+            f"({choice.launch.row.in_words()}), {choice.reason.split(' (', 1)[0]}\n  details: "
+            + choice.describe(problem))

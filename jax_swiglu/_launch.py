@@ -77,19 +77,21 @@ class Launch:
             extra += f", promotion every {self.promotion}"
         return f"config {self.config}: {row.describe()}{extra}"
 
-    def cannot_run(self, m: int, n: int, k: int) -> str:
-        """Why this launch cannot run ``[m, k] x [k, 2n]``, or ""."""
+    def cannot_run(self, m: int, n: int, k: int, experts: int = 0) -> str:
+        """Why this launch cannot run ``[m, k] x [k, 2n]`` (over ``experts`` experts' weights
+        for a grouped call), or ""."""
         return _native.can_implement(self.config, m=m, n=n, k=k, splits=self.splits,
                                      swizzle=self.swizzle, raster=RASTER_ORDERS[self.raster],
-                                     promotion=self.promotion_interval)
+                                     promotion=self.promotion_interval, experts=experts)
 
     def target(self, activation: str, dtype: str) -> str:
         """The FFI target that runs this launch for ``activation`` and output ``dtype``."""
         row = self.row
-        name = _native.targets().get((row.family, row.operands, activation, dtype))
+        name = _native.targets().get((row.family, row.operands, activation, dtype, row.grouped))
         if name is None:
-            raise TypeError(f"no {row.family} kernel on {row.operands} operands is built for "
-                            f"activation {activation!r} and output dtype {dtype}")
+            raise TypeError(f"no {'grouped ' if row.grouped else ''}{row.family} kernel on "
+                            f"{row.operands} operands is built for activation {activation!r} "
+                            f"and output dtype {dtype}")
         return name
 
     def ffi_attributes(self) -> dict:

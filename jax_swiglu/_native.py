@@ -65,12 +65,19 @@ class KernelConfig:
     m_multiple: int = 1  # the M the row needs a multiple of
     ctas_per_sm: int = 1  # CTAs an SM holds at once (the gemv kernel's launch bounds)
     takes_splits: bool = False  # whether the `splits` launch attribute applies
+    # runs grouped (mixture-of-experts) calls only: every expert's tiles in one persistent
+    # grid, the group sizes read on the device (scheduler "grouped")
+    grouped: bool = False
 
     def describe(self) -> str:
         fp8 = "e4m3, " if self.operands == "e4m3" else ""
         if self.is_gemv:
             return (f"{fp8}CUDA cores, up to {self.tile_m} tokens, {self.tile_n} packed columns "
                     f"per CTA, K split over a cluster, direct store")
+        if self.grouped:
+            return (f"grouped {self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}"
+                    + (", swap-AB" if self.m_side == "weights" else "")
+                    + ", every expert's tiles in one persistent grid, direct store")
         return (f"{fp8}{self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}, "
                 f"cluster {self.cluster_m}x{self.cluster_n}"
                 + (", swap-AB" if self.m_side == "weights" else "")
@@ -85,6 +92,10 @@ class KernelConfig:
         if self.is_gemv:
             return (f"{fp8}CUDA-core GEMV: the weights streamed once, for at most "
                     f"{self.tile_m} token{'s' if self.tile_m > 1 else ''}")
+        if self.grouped:
+            return (f"{fp8}one grouped GEMM over every expert's packed gate/up weights, tiles "
+                    f"of {self.tile_m} of an expert's tokens"
+                    + (" on the tensor cores' narrow side" if self.m_side == "weights" else ""))
         if self.family == "gate_then_up":
             return f"{fp8}gate-then-up GEMM: each tile's gate product, then its up product"
         if self.m_side == "weights":
@@ -135,12 +146,13 @@ def _require() -> None:
 
 
 @functools.cache
-def targets() -> dict[tuple[str, str, str, str], str]:
-    """``(family, operands, activation, output dtype name) -> FFI target name``, as the
-    extension defines them."""
+def targets() -> dict[tuple[str, str, str, str, bool], str]:
+    """``(family, operands, activation, output dtype name, grouped) -> FFI target name``, as
+    the extension defines them (grouped: the target of grouped rows, mixture-of-experts
+    calls)."""
     if _kernels is None:
         return {}
-    return {(t["family"], t["operands"], t["activation"], t["dtype"]): t["name"]
+    return {(t["family"], t["operands"], t["activation"], t["dtype"], t["grouped"]): t["name"]
             for t in _kernels.targets()}
 
 
@@ -166,11 +178,12 @@ def kernel_configs() -> dict[int, KernelConfig]:
 
 
 def can_implement(config: int, *, m: int, n: int, k: int, splits: int = 1, swizzle: int = 1,
-                  raster: int = 0, promotion: int = 4) -> str:
+                  raster: int = 0, promotion: int = 4, experts: int = 0) -> str:
     """Why row ``config`` cannot run the problem with these launch attributes, or "" if it
-    can (ffi/can_implement.h: the check every launch makes)."""
+    can (ffi/can_implement.h: the check every launch makes). ``experts``: a grouped call's
+    expert count (m its tokens), 0 for a dense call."""
     _require()
-    return _kernels.can_implement(config, m, n, k, splits, swizzle, raster, promotion)
+    return _kernels.can_implement(config, m, n, k, splits, swizzle, raster, promotion, experts)
 
 
 @functools.cache

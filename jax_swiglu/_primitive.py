@@ -397,3 +397,107 @@ def _no_jvp(primals, tangents, **params):
 
 
 ad.primitive_jvps[swiglu_p] = _no_jvp
+
+
+# --- grouped (mixture-of-experts) calls -----------------------------------------------------
+#
+# grouped_swiglu_p.bind(x, experts_data, group_sizes, n=..., kernel=..., launch=...,
+# activation=..., out_dtype=...): x [T, K] sorted by expert, the packed experts
+# [E, K, 2 N_pad] (x's dtype) and group_sizes [E] int32 give [T, n]. The routing lives on the
+# device, so the choice depends on the static shapes only and is made when the call is
+# lowered: on CUDA the grouped kernel's custom call (selection.choose_grouped), elsewhere the
+# spec (_reference.grouped_swiglu_reference_packed). Sharded operands are gathered by XLA (no
+# partitioning rule); expert parallelism runs the call per device in jax.shard_map.
+
+grouped_swiglu_p = Primitive("jax_swiglu_grouped")
+
+
+def _grouped_abstract_eval(x, experts_data, group_sizes, *, n, kernel, launch, activation,
+                           out_dtype):
+    selection.canonical_kernel(kernel)
+    _reference.check_activation(activation)
+    if launch is not None and not isinstance(launch, _launch.Launch):
+        raise TypeError(f"jax_swiglu grouped: launch must be a Launch or None, got {launch!r}")
+    if x.ndim != 2 or experts_data.ndim != 3 or group_sizes.ndim != 1:
+        raise ValueError(f"jax_swiglu grouped takes x [T, K], experts [E, K, 2N'] and "
+                         f"group_sizes [E], got {x.shape}, {experts_data.shape} and "
+                         f"{group_sizes.shape}")
+    if x.dtype not in _layout.KERNEL_DTYPES or jnp.dtype(x.dtype).name != out_dtype:
+        raise TypeError(f"jax_swiglu grouped supports bfloat16 and float16 x of the output's "
+                        f"dtype ({out_dtype}), got {x.dtype}")
+    if experts_data.dtype != x.dtype:
+        raise TypeError(f"x is {x.dtype} but the expert weights are {experts_data.dtype}")
+    experts, k = experts_data.shape[0], x.shape[1]
+    if experts_data.shape[1:] != (k, 2 * _layout.padded_n(n)) or experts == 0:
+        raise ValueError(f"expert weights {experts_data.shape} do not match K={k}, N={n} "
+                         f"(expected [E >= 1, {k}, {2 * _layout.padded_n(n)}])")
+    if group_sizes.dtype != jnp.int32 or group_sizes.shape != (experts,):
+        raise TypeError(f"group_sizes must be int32 [{experts}], got {group_sizes.dtype} "
+                        f"{group_sizes.shape}")
+    return jax.core.ShapedArray((x.shape[0], n), jnp.dtype(out_dtype))
+
+
+grouped_swiglu_p.def_abstract_eval(_grouped_abstract_eval)
+
+
+@functools.cache
+def _grouped_jitted(**params):
+    return jax.jit(functools.partial(grouped_swiglu_p.bind, **params))
+
+
+grouped_swiglu_p.def_impl(lambda *operands, **params: _grouped_jitted(**params)(*operands))
+
+
+def grouped_problem(x_aval, experts_aval, *, n, activation, out_dtype) -> selection.GroupedProblem:
+    return selection.GroupedProblem(x_aval.shape[0], n, x_aval.shape[1], experts_aval.shape[0],
+                                    out_dtype, activation)
+
+
+def _grouped_reference_lowering(ctx, x, experts_data, group_sizes, *, n, kernel, launch,
+                                activation, out_dtype):
+    del kernel, launch, out_dtype
+    fn = functools.partial(_reference.grouped_swiglu_reference_packed, n=n,
+                           activation=activation)
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, x, experts_data, group_sizes)
+
+
+def _grouped_cuda_lowering(ctx, x, experts_data, group_sizes, *, n, kernel, launch, activation,
+                           out_dtype):
+    problem = grouped_problem(ctx.avals_in[0], ctx.avals_in[1], n=n, activation=activation,
+                              out_dtype=out_dtype)
+    choice = selection.choose_grouped(problem, kernel=kernel, launch=launch, platform="cuda")
+    if choice.launch is None or problem.m == 0:
+        return _grouped_reference_lowering(ctx, x, experts_data, group_sizes, n=n,
+                                           kernel=kernel, launch=launch, activation=activation,
+                                           out_dtype=out_dtype)
+    target = choice.launch.target(activation, out_dtype)
+    return jax.ffi.ffi_lowering(target)(ctx, x, experts_data, group_sizes,
+                                        **choice.launch.ffi_attributes())
+
+
+mlir.register_lowering(grouped_swiglu_p, _grouped_reference_lowering)
+mlir.register_lowering(grouped_swiglu_p, _grouped_cuda_lowering, platform="cuda")
+
+
+def _grouped_batch(args, dims, **params):
+    # Every batch element has its own routing: one call each.
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    args = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    return jnp.stack([grouped_swiglu_p.bind(*(a[i] for a in args), **params)
+                      for i in range(size)]), 0
+
+
+batching.primitive_batchers[grouped_swiglu_p] = _grouped_batch
+
+GROUPED_INFERENCE_ONLY = (
+    "jax_swiglu's grouped kernel is inference-only: it has no gradient. Train with "
+    "jax_swiglu.grouped_swiglu_reference (same math, plain XLA), or pass the inputs through "
+    "jax.lax.stop_gradient if no gradient is needed through it.")
+
+
+def _grouped_no_jvp(primals, tangents, **params):
+    del primals, tangents, params
+    raise NotImplementedError(GROUPED_INFERENCE_ONLY)
+
+
+ad.primitive_jvps[grouped_swiglu_p] = _grouped_no_jvp

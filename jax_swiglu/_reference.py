@@ -157,6 +157,32 @@ def swiglu_reference_packed(x, packed_data, n: int, activation="silu"):
     return gated(gate, up, activation).astype(x.dtype)
 
 
+# --- grouped (expert) calls (jax_swiglu/_experts.py) -------------------------------------------
+
+def defined_group_sizes(group_sizes, tokens: int):
+    """The group sizes a grouped call runs: negative sizes count as 0, and the groups end at
+    the last row (a sum over ``tokens`` gives the later experts fewer rows, or none). Within
+    those bounds the sizes are used as given; this makes any device-computed value defined.
+    The grouped kernel's scheduler reads the sizes the same way
+    (ffi/kernels/schedulers/expert_groups.cuh)."""
+    sizes = jnp.maximum(group_sizes, 0)
+    ends = jnp.minimum(jnp.cumsum(sizes), tokens)
+    return jnp.diff(ends, prepend=jnp.zeros((1,), ends.dtype)).astype(jnp.int32)
+
+
+def grouped_swiglu_reference_packed(x, experts_data, group_sizes, n: int, activation="silu"):
+    """The grouped spec on packed expert weights ``[E, K, 2 N_pad]``: one ``ragged_dot`` over
+    the defined group sizes with fp32 accumulation (float64 for float64 x), the split,
+    ``act(g) * u`` in fp32, one rounding; rows past the groups are zeros. What the grouped
+    primitive lowers to off CUDA (and for ``kernel="xla"``)."""
+    sizes = defined_group_sizes(group_sizes, x.shape[0])
+    product = jax.lax.ragged_dot(x, experts_data, sizes,
+                                 preferred_element_type=jnp.promote_types(x.dtype, jnp.float32),
+                                 precision=dot_precision(x.dtype))
+    gate, up = _layout.split_gate_up(product, n)
+    return gated(gate, up, activation).astype(x.dtype)
+
+
 # --- fp8 weights (jax_swiglu/_quantize.py) ----------------------------------------------------
 
 def fp8_output_dtype(x_dtype):

@@ -1,5 +1,10 @@
-"""Grouped (mixture-of-experts) calls on the XLA path (any machine): the packed expert
-layout, the ragged_dot convention, defined results for any group sizes, errors."""
+"""Grouped (mixture-of-experts) calls on any machine: the packed expert layout, the ragged_dot
+convention, defined results for any group sizes, errors; the grouped primitive's lowering
+for CUDA (the kernel's custom call) and its choice. The kernel itself runs in the kernel
+suite (tests/kernels/test_base.py) on an SM90 GPU."""
+
+import re
+
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +12,7 @@ import numpy as np
 import pytest
 
 import jax_swiglu
+from helpers import requires_kernels
 from jax_swiglu import (grouped_fused_mlp, grouped_swiglu, grouped_swiglu_reference,
                         pack_expert_weights, unpack_expert_weights)
 
@@ -107,9 +113,95 @@ def test_source_layouts_pack_the_same_and_unpack_exactly(key):
 
 def test_explain_grouped_says_what_runs(key):
     experts = pack_expert_weights(*_weights(key)[:2])
-    text = jax_swiglu.explain_grouped(jax.ShapeDtypeStruct((32, K), jnp.bfloat16), experts,
-                                      jax.ShapeDtypeStruct((E,), jnp.int32))
-    assert text.startswith(f"T=32 E={E} F={F} K={K} bfloat16 silu: runs plain XLA"), text
+    x, sizes = jax.ShapeDtypeStruct((32, K), jnp.bfloat16), jax.ShapeDtypeStruct((E,), jnp.int32)
+    text = jax_swiglu.explain_grouped(x, experts, sizes, platform="cpu")
+    assert text.startswith(f"T=32 E={E} F={F} K={K} bfloat16 silu on cpu: runs plain XLA"), text
+    text = jax_swiglu.explain_grouped(x.update(dtype=jnp.float32), pack_expert_weights(
+        *(w.astype(jnp.float32) for w in _weights(key)[:2])), sizes, platform="cuda")
+    assert "runs plain XLA" in text and "bfloat16 or float16, x is float32" in text, text
+
+
+def _grouped_custom_calls(fn, *args):
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return [(name, int(config)) for name, config in re.findall(
+        r"custom_call @(jax_swiglu_grouped\w+)\(.*?config = (\d+)", text)]
+
+
+@requires_kernels
+@pytest.mark.parametrize("t", [1, 24, 4096])
+def test_grouped_calls_lower_to_the_grouped_kernel(key, t):
+    """On CUDA a 16-bit call is one custom call of a grouped row, the one explain names; a
+    forced row, kernel='xla' and float32 x lower as asked; the down projection stays XLA's."""
+    w_gate, w_up, w_down = _weights(key)
+    experts = pack_expert_weights(w_gate, w_up)
+    x = jnp.zeros((t, K), jnp.bfloat16)
+    sizes = jnp.full((E,), t // E, jnp.int32)
+    calls = _grouped_custom_calls(grouped_swiglu, x, experts, sizes)
+    grouped = {i for i, row in jax_swiglu.kernel_configs().items() if row.grouped}
+    assert len(calls) == 1 and calls[0][0] == "jax_swiglu_grouped_silu_bf16", calls
+    assert calls[0][1] in grouped
+    explained = jax_swiglu.explain_grouped(x, experts, sizes, platform="cuda")
+    assert f"runs the grouped fused kernel config {calls[0][1]} " in explained, explained
+    for config in grouped:
+        forced = lambda x, e, s, c=config: grouped_swiglu(x, e, s, launch=c)  # noqa: E731
+        assert _grouped_custom_calls(forced, x, experts, sizes) == [
+            ("jax_swiglu_grouped_silu_bf16", config)]
+    gelu = lambda x, e, s: grouped_swiglu(x, e, s, activation="gelu_tanh")  # noqa: E731
+    assert _grouped_custom_calls(gelu, x, experts, sizes)[0][0] == (
+        "jax_swiglu_grouped_gelu_tanh_bf16")
+    mlp = lambda x, e, s: grouped_fused_mlp(x, e, w_down, s)  # noqa: E731
+    assert len(_grouped_custom_calls(mlp, x, experts, sizes)) == 1
+    xla = lambda x, e, s: grouped_swiglu(x, e, s, kernel="xla")  # noqa: E731
+    assert _grouped_custom_calls(xla, x, experts, sizes) == []
+    experts32 = pack_expert_weights(w_gate.astype(jnp.float32), w_up.astype(jnp.float32))
+    assert _grouped_custom_calls(grouped_swiglu, x.astype(jnp.float32), experts32, sizes) == []
+
+
+@requires_kernels
+def test_forced_grouped_launches_are_checked(key):
+    experts = pack_expert_weights(*_weights(key)[:2])
+    x, sizes = jnp.zeros((8, K), jnp.bfloat16), jnp.array([2, 2, 2, 2], jnp.int32)
+    dense = min(i for i, row in jax_swiglu.kernel_configs().items() if not row.grouped)
+    grouped = min(i for i, row in jax_swiglu.kernel_configs().items() if row.grouped)
+    with pytest.raises(ValueError, match="is a dense row; grouped calls run the grouped rows"):
+        jax.jit(lambda x, e, s: grouped_swiglu(x, e, s, launch=dense)).trace(x, experts, sizes)
+    # ... and a grouped row cannot run a dense call.
+    packed = jax_swiglu.pack_weights(*(w[0] for w in _weights(key)[:2]))
+    with pytest.raises(ValueError, match="runs grouped .expert. calls only"):
+        jax.jit(lambda x, w: jax_swiglu.swiglu(x, w, launch=grouped)).trace(x, packed)
+    with pytest.raises(ValueError, match="launch=.* and kernel='xla' ask for two"):
+        grouped_swiglu(x, experts, sizes, kernel="xla", launch=grouped)
+    with pytest.raises(ValueError, match="cannot run this call: the grouped kernel takes"):
+        experts32 = pack_expert_weights(*(w.astype(jnp.float32) for w in _weights(key)[:2]))
+        grouped_swiglu(x.astype(jnp.float32), experts32, sizes, launch=grouped)
+
+
+def test_the_fused_path_is_inference_only_and_the_spec_differentiates(key):
+    kx, kw = jax.random.split(key)
+    w_gate, w_up, _ = _weights(kw)
+    experts = pack_expert_weights(w_gate, w_up)
+    x = jax.random.normal(kx, (8, K)).astype(jnp.bfloat16)
+    sizes = jnp.array([2, 2, 2, 2], jnp.int32)
+    loss = lambda x: grouped_swiglu(x, experts, sizes).astype(jnp.float32).sum()  # noqa: E731
+    with pytest.raises(NotImplementedError, match="grouped_swiglu_reference"):
+        jax.grad(loss)(x)
+    spec = lambda x: grouped_swiglu_reference(x, w_gate, w_up, sizes).astype(  # noqa: E731
+        jnp.float32).sum()
+    assert jax.grad(spec)(x).shape == x.shape
+    # float32 calls run the spec itself, so they differentiate.
+    experts32 = pack_expert_weights(w_gate.astype(jnp.float32), w_up.astype(jnp.float32))
+    grad = jax.grad(lambda x: grouped_swiglu(x, experts32, sizes).sum())(x.astype(jnp.float32))
+    assert grad.shape == x.shape
+
+
+def test_vmap_runs_each_routing(key):
+    kx, kw = jax.random.split(key)
+    experts = pack_expert_weights(*_weights(kw)[:2])
+    xs = jax.random.normal(kx, (3, 8, K)).astype(jnp.bfloat16)
+    sizes = jnp.array([[2, 2, 2, 2], [8, 0, 0, 0], [0, 1, 0, 3]], jnp.int32)
+    ys = jax.vmap(lambda x, s: grouped_swiglu(x, experts, s))(xs, sizes)
+    for i in range(3):
+        np.testing.assert_array_equal(ys[i], grouped_swiglu(xs[i], experts, sizes[i]))
 
 
 @pytest.mark.parametrize("call, error, match", [
@@ -124,8 +216,8 @@ def test_explain_grouped_says_what_runs(key):
     (lambda x, e, s: grouped_swiglu(x.astype(jnp.float16), e, s), TypeError,
      "x is float16 but the expert weights are bfloat16"),
     (lambda x, e, s: grouped_swiglu(x, e.data, s), TypeError, "experts must be PackedExperts"),
-    (lambda x, e, s: grouped_swiglu(x, e, s, kernel="interleaved"), ValueError,
-     "grouped calls run on the XLA path"),
+    (lambda x, e, s: grouped_swiglu(x, e, s, kernel="gemv"), ValueError,
+     "grouped calls run kernel='auto', 'interleaved'"),
     (lambda x, e, s: grouped_swiglu(x, e, s, activation="relu"), ValueError,
      "activation must be one of"),
     (lambda x, e, s: grouped_fused_mlp(x, e, jnp.zeros((E, K, K), x.dtype), s), ValueError,
@@ -272,8 +364,10 @@ def test_the_expert_block_in_a_mixtral_style_layer(key):
         abstract(x, sizes)
     nnx.update(abstract, nnx.state(block))
     np.testing.assert_array_equal(abstract(x, sizes), block(x, sizes))
-    assert "runs plain XLA" in block.explain(jax.ShapeDtypeStruct((24, K), jnp.bfloat16),
-                                             jax.ShapeDtypeStruct((E,), jnp.int32))
+    shapes = jax.ShapeDtypeStruct((24, K), jnp.bfloat16), jax.ShapeDtypeStruct((E,), jnp.int32)
+    assert "runs plain XLA" in block.explain(*shapes, platform="cpu")
+    if jax_swiglu.kernels_available():
+        assert "runs the grouped fused kernel" in block.explain(*shapes, platform="cuda")
 
 
 def test_the_linen_expert_block_matches_the_nnx_one(key):

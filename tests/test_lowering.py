@@ -44,7 +44,9 @@ def _x(m, k=64, dtype=jnp.bfloat16):
 
 
 def _rows(family=None, operands="16bit", **fields):
-    """The compiled rows of a family and operands whose fields match ``fields``."""
+    """The compiled rows of a family and operands whose fields match ``fields`` (dense rows
+    unless ``grouped=True`` is given)."""
+    fields.setdefault("grouped", False)
     return [row for row in _native.kernel_configs().values()
             if (family is None or row.family == family) and row.operands == operands
             and all(getattr(row, name) == value for name, value in fields.items())]
@@ -164,7 +166,7 @@ def test_config_table_is_exposed():
         assert config.family in ("interleaved", "gate_then_up", "gemv")
         assert config.operands in _native.OPERANDS
         if config.m_side == "weights" and not config.is_gemv:  # swap-AB: 8..64 tokens
-            assert config.tile_m <= 64 and config.scheduler == "stream-k"
+            assert config.tile_m <= 64 and config.scheduler in ("stream-k", "grouped")
             assert "swap-AB" in config.describe()
 
 
@@ -314,10 +316,12 @@ def test_every_activation_is_compiled_and_has_targets():
     targets = _native.targets()
     for activation in jax_swiglu.ACTIVATIONS:
         for dtype, suffix in (("bfloat16", "bf16"), ("float16", "f16")):
-            assert targets[("interleaved", "16bit", activation, dtype)] == (
+            assert targets[("interleaved", "16bit", activation, dtype, False)] == (
                 f"jax_swiglu_interleaved_{activation}_{suffix}")
-            assert targets[("interleaved", "e4m3", activation, dtype)] == (
+            assert targets[("interleaved", "e4m3", activation, dtype, False)] == (
                 f"jax_swiglu_interleaved_fp8_{activation}_{suffix}")
+            assert targets[("interleaved", "16bit", activation, dtype, True)] == (
+                f"jax_swiglu_grouped_{activation}_{suffix}")
 
 
 def test_gemv_kernel_lowering():

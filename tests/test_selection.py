@@ -196,7 +196,7 @@ def test_explain_names_the_source(engine, monkeypatch):
     monkeypatch.setattr(_native, "all_configs", lambda: CONFIGS)
     monkeypatch.setattr(_native, "can_implement", lambda *args, **kwargs: "")
     monkeypatch.setattr(_native, "targets",
-                        lambda: {("interleaved", "16bit", "silu", "bfloat16"): "t_bf16"})
+                        lambda: {("interleaved", "16bit", "silu", "bfloat16", False): "t_bf16"})
     p = problem(8)
     text = selection.choose(p).describe(p)
     assert text.startswith("interleaved [t_bf16, config 101: cooperative 16x128x64")

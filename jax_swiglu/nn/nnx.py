@@ -580,13 +580,14 @@ class FusedExpertsMLP(nnx.Module):
         return _experts.PackedExperts.from_packed_data(self.gate_up_packed.kernel.get_value(),
                                                        self.intermediate_size)
 
-    def explain(self, x, group_sizes) -> str:
-        """What a call on ``x`` and ``group_sizes`` (arrays or ``jax.ShapeDtypeStruct``) runs."""
+    def explain(self, x, group_sizes, *, platform: str | None = None) -> str:
+        """What a call on ``x`` and ``group_sizes`` (arrays or ``jax.ShapeDtypeStruct``) runs,
+        as :func:`jax_swiglu.explain_grouped`; ``platform`` defaults to the default backend."""
         data = jax.ShapeDtypeStruct(self.gate_up_packed.kernel.shape, self.dtype)
         return _experts.explain_grouped(
             jax.ShapeDtypeStruct(x.shape, self.dtype),
             _experts.PackedExperts._wrap(data, self.intermediate_size, _layout.LAYOUT),
-            group_sizes, activation=self.activation)
+            group_sizes, activation=self.activation, platform=platform)
 
     def __call__(self, x: jax.Array, group_sizes: jax.Array) -> jax.Array:
         """``[T, K]`` sorted by expert, ``[E]`` int32 group sizes -> ``[T, K]``."""

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from .. import _launch, _native
 from .._version import __version__
-from . import _device, _engine
+from . import _data, _device, _engine, _model
 
 # Public names of the implementations: the kernel families and the plain XLA path. The
 # gate-then-up kernel is also called "pingpong" (the paper's name for its Kernel-1).
@@ -147,10 +147,11 @@ def kernels_unusable_reason() -> str | None:
 
 
 def candidates(problem: Problem, family: str | None = None) -> list[_native.KernelConfig]:
-    """The compiled rows of ``problem``'s operands (of ``family`` if given) that can run it
-    with their default launch attributes."""
+    """The compiled dense rows of ``problem``'s operands (of ``family`` if given) that can
+    run it with their default launch attributes."""
     return [row for row in _native.kernel_configs().values()
             if row.operands == problem.operands and (family is None or row.family == family)
+            and not row.grouped
             and row.runs(problem.m)
             and not _native.can_implement(row.id, m=problem.m, n=problem.n, k=problem.k,
                                           promotion=max(1, row.tile_k // 32))]
@@ -222,3 +223,110 @@ def choose(problem: Problem, *, kernel: str = "auto", launch: _launch.Launch | N
     source = decision.source if family is None else f"kernel={kernel!r}, then {decision.source}"
     return Choice(decision.launch, decision.reason, source)
 
+
+
+# --- grouped (mixture-of-experts) calls ------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GroupedProblem:
+    """One grouped call: ``m`` rows of x sorted by expert over ``experts`` packed ``[k, 2n]``
+    weight matrices, output ``dtype``; the routing (group sizes) is known only on the
+    device."""
+
+    m: int
+    n: int
+    k: int
+    experts: int
+    dtype: str
+    activation: str = "silu"
+    operands: str = "16bit"
+
+
+def grouped_candidates(problem: GroupedProblem) -> list[_native.KernelConfig]:
+    """The compiled grouped rows that can run ``problem``."""
+    return [row for row in _native.kernel_configs().values()
+            if row.grouped and row.operands == problem.operands
+            and not _native.can_implement(row.id, m=problem.m, n=problem.n, k=problem.k,
+                                          experts=problem.experts)]
+
+
+def check_forced_grouped_launch(launch: _launch.Launch, problem: GroupedProblem) -> None:
+    """A clear ValueError where a forced launch cannot run the grouped problem."""
+    row = launch.row
+    if not row.compiled:
+        raise ValueError(f"launch={launch}: config {row.id} is not compiled in this build "
+                         "(install with JAX_SWIGLU_ALL_CONFIGS=1)")
+    if not row.grouped:
+        grouped = sorted(r.id for r in _native.kernel_configs().values() if r.grouped)
+        raise ValueError(f"launch={launch}: config {row.id} is a dense row; grouped calls run "
+                         f"the grouped rows ({', '.join(map(str, grouped)) or 'none compiled'})")
+    why = launch.cannot_run(problem.m, problem.n, problem.k, problem.experts)
+    if why:
+        raise ValueError(f"launch={launch}: {why}")
+
+
+def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
+                   launch: _launch.Launch | None = None, platform: str = "cuda") -> Choice:
+    """What runs a grouped call on ``platform``: a forced ``launch``, the XLA path
+    (``kernel="xla"``, no CUDA, no extension, no SM90 GPU), or the grouped row the cost model
+    (_model.grouped_us: tiles of each expert's rows, rounds over the SMs, each active
+    expert's weights streamed once, rereads) predicts closest to the best under both a
+    balanced and a skewed routing (_model.routings), since the routing is not known when
+    the call is compiled."""
+    if kernel == "xla":
+        return Choice(None, "kernel='xla'", "override")
+    forced = launch is not None or kernel != "auto"
+    what = f"launch={launch}" if launch is not None else f"kernel={kernel!r}"
+    if platform != "cuda":
+        if forced:
+            return Choice(None, f"{what} ignored on platform {platform!r}: no fused kernel there")
+        return Choice(None, f"platform {platform!r} has no fused kernel")
+    if not _native.kernels_available():
+        why = _native.unavailable_reason()
+        if forced:
+            raise RuntimeError(f"{what} was requested, but {why}")
+        _warn_once(f"jax_swiglu: {why}")
+        return Choice(None, "the CUDA extension is not built")
+    if local_gpu_is_sm90() is False:
+        why = "the fused kernels need an SM90 (Hopper) GPU and this GPU is not one"
+        if forced:
+            raise RuntimeError(f"{what} was requested, but {why}")
+        _warn_once(f"jax_swiglu: {why}; using the XLA path")
+        return Choice(None, "GPU is not SM90")
+    if launch is not None:
+        check_forced_grouped_launch(launch, problem)
+        return Choice(launch, "forced", f"launch={launch}")
+    found = grouped_candidates(problem)
+    if not found:
+        if kernel != "auto":
+            raise ValueError(f"kernel={kernel!r} was requested, but no compiled grouped config "
+                             f"runs T={problem.m} N={problem.n} K={problem.k} over "
+                             f"{problem.experts} experts")
+        return Choice(None, "no compiled grouped config runs it", "heuristic")
+    device = _engine.target_device()
+    if device is None:
+        device = _device.Device("unknown", 90, 132, 3.35e12, local=False)
+    data = _data.shipped(device.kind) or _data.any_sm90()
+    if data is None:
+        raise RuntimeError("jax_swiglu: no tuning data file is shipped, so the cost model has "
+                           "no constants; reinstall the package")
+    model = _model.Problem(problem.m, problem.n, problem.k)
+    # The routing is on the device: weigh a balanced and a skewed one, and take the row whose
+    # worse ratio to the best of that routing is least (ties: the faster balanced).
+    scenarios = _model.routings(problem.m, problem.experts)
+    times = {row.id: {name: _model.grouped_us(row, model, groups, device.sm_count,
+                                              device.dram_bytes_per_s, data.constants)
+                      for name, groups in scenarios.items()} for row in found}
+    best = {name: min(t[name] for t in times.values()) for name in scenarios}
+    regret = {i: max(t[name] / best[name] for name in scenarios) for i, t in times.items()}
+    ranked = sorted(times, key=lambda i: (round(regret[i], 3), times[i]["balanced"], i))
+    pick = ranked[0]
+
+    def said(i):
+        return (f"config {i} {times[i]['balanced']:.1f} us balanced, "
+                f"{times[i]['skewed']:.1f} us skewed")
+    runner_up = f"; next {said(ranked[1])}" if len(ranked) > 1 else ""
+    source = "heuristic" if kernel == "auto" else f"kernel={kernel!r}, then heuristic"
+    return Choice(_launch.Launch(pick), f"predicted {said(pick)} (within "
+                  f"{regret[pick]:.2f}x of the best of either routing){runner_up} (the cost "
+                  f"model on {device.sm_count} SMs)", source)

@@ -220,3 +220,50 @@ def xla_us(problem: Problem, sm_count: int, dram_bytes_per_s: float,
                  problem.dram_bytes / dram_bytes_per_s)
     round_trip_s = (problem.m * problem.packed * 4 * 2) / dram_bytes_per_s
     return 2 * constants.launch_us + 1e6 * (gemm_s + round_trip_s)
+
+
+def routings(m: int, experts: int) -> dict[str, list[tuple[int, int]]]:
+    """Two routings of ``m`` rows over ``experts`` experts, as (rows, experts with that many)
+    pairs, that a grouped call's choice weighs (its group sizes exist only on the device):
+    "balanced" (an equal share each, within one row; with fewer rows than experts, one row
+    each for m of them) and "skewed" (one expert takes half the rows, a quarter of the
+    experts none, the rest an equal share), benchmarks/bench_moe.py's two routings."""
+    def spread(rows: int, over: int) -> list[tuple[int, int]]:
+        share, extra = divmod(rows, over)
+        return [(r, c) for r, c in ((share + 1, extra), (share, over - extra)) if r and c]
+
+    balanced = spread(m, experts)
+    if experts == 1:
+        return {"balanced": balanced, "skewed": balanced}
+    heavy = m // 2
+    rest = max(1, experts - 1 - experts // 4)
+    skewed = ([(heavy, 1)] if heavy else []) + spread(m - heavy, rest)
+    return {"balanced": balanced, "skewed": skewed}
+
+
+def grouped_us(config, problem: Problem, groups: list[tuple[int, int]], sm_count: int,
+               dram_bytes_per_s: float, constants: Constants) -> float:
+    """Predicted GPU time (us) of a grouped row on a mixture-of-experts call of
+    ``problem.m`` rows routed as ``groups`` ((rows, experts with that many) pairs, from
+    ``routings``). Every expert's token tiles (its last one ragged) and column tiles run in
+    one persistent grid, one tile per SM at a time, no clusters
+    (ffi/kernels/schedulers/expert_groups.cuh); each active expert's weights stream from
+    DRAM once, and the rereads (of an expert's weights by its further token tiles, of its x
+    rows by its further column tiles) add the dense model's share."""
+    tiles_n = _ceil(problem.packed, config.tile_n)
+    k_padded = _ceil(problem.k, config.tile_k) * config.tile_k
+    e = problem.element_bytes
+    active = sum(count for rows, count in groups if rows)
+    tiles_m = sum(_ceil(rows, config.tile_m) * count for rows, count in groups)
+    tiles = max(1, tiles_m * tiles_n)
+    round_count = _ceil(tiles, sm_count)
+    compute_s = 2 * config.tile_m * config.tile_n * k_padded / constants.peak_flops_per_sm
+    weights = e * k_padded * tiles_n * config.tile_n  # one expert's
+    rereads = (max(0, tiles_m - active) * weights
+               + e * k_padded * (tiles_n - 1) * tiles_m * config.tile_m)
+    dram_bytes = (active * weights + e * problem.m * (problem.k + problem.n)
+                  + constants.reread_from_dram * rereads)
+    per_round_s = dram_bytes / dram_bytes_per_s / round_count
+    per_tile_s = e * config.tile_n * k_padded / (constants.sm_bandwidth_factor
+                                                 * dram_bytes_per_s / sm_count)
+    return constants.launch_us + 1e6 * round_count * max(compute_s, per_round_s, per_tile_s)

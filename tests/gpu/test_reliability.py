@@ -31,7 +31,7 @@ import jax_swiglu
 from benchmarks.shapes import QWEN25_MLPS
 from jax_swiglu import Launch, PackedWeights, swiglu
 
-from criterion import errors, fused, inputs, record as _record
+from criterion import errors, fused, grouped_inputs, inputs, record as _record
 from helpers import random_weights, random_x
 
 # The fused families that run any M (the gemv kernel runs a few tokens: tests/kernels).
@@ -69,7 +69,7 @@ DETERMINISM_CASES = [
 ] + [
     (config.family, "qwen2.5-1.5b", 300, config.id)
     for config in jax_swiglu.kernel_configs().values()
-    if config.family in FUSED_KERNELS and config.operands == "16bit"
+    if config.family in FUSED_KERNELS and config.operands == "16bit" and not config.grouped
     and 300 % config.m_multiple == 0  # rows running M in bands: tests/kernels/test_tiles.py
 ]
 
@@ -99,6 +99,25 @@ def test_bitwise_deterministic(kernel, model, m, config, key):
     assert repeated == 0, f"{repeated} elements differ over {CALLS} calls"
     assert across_compiles == 0, f"{across_compiles} elements differ after recompiling"
     assert off == 0, f"the (repeatable) result is wrong: {int(off)} elements off"
+
+
+@pytest.mark.parametrize("config", [c.id for c in jax_swiglu.kernel_configs().values()
+                                    if c.grouped])
+def test_grouped_rows_are_bitwise_deterministic(config, key):
+    """A grouped row's tiles are walked from the group sizes on the device, each output
+    element is one CTA's fixed-order sum: repeated calls give the same bits."""
+    sizes = jnp.array([300, 0, 7, 129, 64, 0, 1, 200], jnp.int32)  # 701 of 800 rows
+    x, experts = grouped_inputs(key, 800, 1536, 1024, 8, BF16)
+    call = jax.jit(lambda x, e, s: jax_swiglu.grouped_swiglu(x, e, s, launch=config))
+    first = call(x, experts, sizes)
+    repeated = jnp.zeros((), jnp.int32)
+    for _ in range(CALLS - 1):
+        repeated = repeated + _bits_differing(first, call(x, experts, sizes))
+    repeated = int(repeated)
+    _record(test="determinism", kernel="grouped", launch=config, m=800, k=1536, n=1024,
+            dtype="bfloat16", calls=CALLS, differing_over_calls=repeated,
+            mismatches=repeated)
+    assert repeated == 0, f"{repeated} elements differ over {CALLS} calls"
 
 
 # --- CUDA graphs (XLA command buffers) ------------------------------------------------------

@@ -32,7 +32,9 @@ FEW_OFF_PER_MILLION = 3.0
 
 
 def rows(**fields):
-    """The compiled rows whose fields match ``fields`` (e.g. operands="e4m3")."""
+    """The compiled rows whose fields match ``fields`` (e.g. operands="e4m3"); dense rows
+    unless ``grouped=True`` is given."""
+    fields.setdefault("grouped", False)
     return [row for row in jax_swiglu.kernel_configs().values()
             if all(getattr(row, name) == value for name, value in fields.items())]
 
@@ -104,5 +106,63 @@ def check(m, k, n, key, *, launch=None, kernel="auto", dtype=jnp.bfloat16, opera
         off_per_million = 0 if operands == "16bit" else FEW_OFF_PER_MILLION
     allowed = 0 if operands == "16bit" else max(1.0, off_per_million * m * n / 1e6)
     assert off <= allowed, f"{int(off)} elements off (rel_fro={rel_fro:.3g}); {explained}"
+    assert rel_fro < 1e-2, explained
+    return y
+
+
+# --- grouped (mixture-of-experts) calls ------------------------------------------------------
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def grouped_inputs(key, t, k, n, experts, dtype):
+    """Fresh random x [t, k] and every expert's gate and up weights [experts, k, n] (unit-scale
+    products), packed."""
+    kx, kg, ku = jax.random.split(key, 3)
+    x = jax.random.normal(kx, (t, k), jnp.float32).astype(dtype)
+    w_gate = (jax.random.normal(kg, (experts, k, n), jnp.float32) / math.sqrt(k)).astype(dtype)
+    w_up = (jax.random.normal(ku, (experts, k, n), jnp.float32) / math.sqrt(k)).astype(dtype)
+    return x, jax_swiglu.pack_expert_weights(w_gate, w_up)
+
+
+@functools.cache
+def grouped_fused(launch=None, kernel="auto", activation="silu"):
+    """``grouped_swiglu`` with ``launch`` (or ``kernel``) forced, into a donated NaN buffer."""
+    return jax.jit(lambda poison, x, w, sizes: jax_swiglu.grouped_swiglu(
+        x, w, sizes, kernel=kernel, launch=launch, activation=activation),
+        donate_argnums=0, keep_unused=True)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def grouped_errors(y, x, experts, sizes, activation):
+    """As ``errors``, against the grouped spec on the unpacked weights in fp32."""
+    w_gate, w_up = jax_swiglu.unpack_expert_weights(experts)
+    f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
+    with jax.default_matmul_precision("highest"):
+        r = jax_swiglu.grouped_swiglu_reference(f32(x), f32(w_gate), f32(w_up), sizes,
+                                                activation=activation)
+    y = y.astype(jnp.float32)
+    diff = jnp.abs(y - r)
+    ok = diff <= 0.01 * jnp.abs(r) + 1e-3
+    rel_fro = (jnp.linalg.norm(jnp.nan_to_num(y - r, nan=jnp.inf))
+               / jnp.maximum(jnp.linalg.norm(r), 1e-30))
+    return jnp.sum(~ok), rel_fro, jnp.max(jnp.where(jnp.isnan(diff), jnp.inf, diff))
+
+
+def check_grouped(t, k, n, sizes, key, *, launch=None, kernel="auto", dtype=jnp.bfloat16,
+                  activation="silu"):
+    """One grouped case with the given ``sizes`` (a list, any values: negative, summing under
+    or over t); the criterion of the module docstring, 16-bit (no element off). Returns the
+    output."""
+    sizes = jnp.asarray(sizes, jnp.int32)
+    x, experts = grouped_inputs(key, t, k, n, int(sizes.shape[0]), jnp.dtype(dtype))
+    y = grouped_fused(launch, kernel, activation)(jnp.full((t, n), jnp.nan, x.dtype), x,
+                                                  experts, sizes)
+    off, rel_fro, max_abs = (float(v) for v in grouped_errors(y, x, experts, sizes, activation))
+    explained = jax_swiglu.explain_grouped(x, experts, sizes, kernel=kernel, launch=launch,
+                                           activation=activation)
+    record(launch=str(launch), kernel=kernel, m=t, k=k, n=n, experts=int(sizes.shape[0]),
+           sizes=[int(s) for s in sizes], dtype=jnp.dtype(dtype).name, operands="16bit",
+           activation=activation, mismatches=int(off), rel_fro=rel_fro, max_abs_err=max_abs,
+           choice=explained)
+    assert off == 0, f"{int(off)} elements off (rel_fro={rel_fro:.3g}); {explained}"
     assert rel_fro < 1e-2, explained
     return y

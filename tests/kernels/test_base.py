@@ -1,12 +1,14 @@
 """The one kernel suite: every compiled row of the config table, in every dtype and activation,
 against the spec (criterion.py's one pass criterion), on an SM90 GPU.
 
-Each row runs the M its form is built for (tokens on M: a partial tile, a ragged wave and
+Each dense row runs the M its form is built for (tokens on M: a partial tile, a ragged wave and
 many waves; swap-AB: decode and past its token tile; the gemv kernel: its tokens) on a
 7B-class shape in both dtypes and activations, and once more on an odd shape (K not a
 multiple of the k tile, N below one tile and not a multiple of the gate/up block). Stream-K
-rows run split-K too, gemv rows every cluster size. The per-form files of this folder add
-only their special cases.
+rows run split-K too, gemv rows every cluster size. Grouped rows (mixture-of-experts calls)
+run routings that reach every path of their scheduler: balanced and skewed, empty experts,
+sizes summing under T (rows of zeros), negative sizes and a sum past T, few tokens over many
+experts, and one token. The per-form files of this folder add only their special cases.
 """
 
 import jax.numpy as jnp
@@ -15,7 +17,7 @@ import pytest
 import jax_swiglu
 from jax_swiglu import Launch, _native
 
-from criterion import check
+from criterion import check, check_grouped
 
 DTYPES = (jnp.bfloat16, jnp.float16)
 SHAPE = (1536, 8960)  # K, N: 140 tiles of 128 packed columns per row of tiles
@@ -44,6 +46,8 @@ def _splits(row, k) -> tuple[int, ...]:
 def _cases():
     cases = []
     for row in jax_swiglu.kernel_configs().values():
+        if row.grouped:
+            continue
         k, n = SHAPE
         for dtype in DTYPES:
             for activation in jax_swiglu.ACTIVATIONS:
@@ -66,6 +70,52 @@ def test_every_row(case, key):
     row = jax_swiglu.kernel_configs()[config]
     check(m, k, n, key, launch=Launch(config, splits), dtype=dtype, operands=row.operands,
           activation=activation)
+
+
+# Grouped calls: (T, group sizes) routings over E experts, and a 7B-expert-class shape.
+GROUPED_SHAPE = (1536, 1024)  # K, F per expert
+ROUTINGS = {
+    "balanced": (1024, [128] * 8),
+    "skewed": (1000, [500, 0, 260, 0, 100, 77, 63, 0]),  # half on one, a few empty, ragged
+    "under": (777, [100, 3, 0, 250, 64, 1, 129, 0]),  # sums to 547: 230 rows of zeros
+    "defined": (300, [-5, 120, 0, 90, 200, 7, -1, 40]),  # negatives and a sum past T
+    "decode": (16, [0] * 20 + [3, 0, 1, 4] + [0] * 36 + [8, 0, 0, 0]),  # 64 experts
+    "one token": (1, [0, 0, 0, 1, 0, 0, 0, 0]),
+}
+
+
+def _grouped_cases():
+    cases = []
+    for row in jax_swiglu.kernel_configs().values():
+        if not row.grouped:
+            continue
+        k, n = GROUPED_SHAPE
+        for routing in ROUTINGS:
+            for dtype in DTYPES:
+                for activation in jax_swiglu.ACTIVATIONS:
+                    if routing == "balanced" or (dtype, activation) == (DTYPES[0], "silu"):
+                        cases.append((row.id, routing, k, n, dtype, activation))
+        cases.append((row.id, "skewed", 136, 200, jnp.bfloat16, "silu"))  # odd K and F
+    return cases
+
+
+def _grouped_id(case):
+    config, routing, k, n, dtype, activation = case
+    return (f"c{config}-{routing.replace(' ', '_')}-{k}x{n}-{jnp.dtype(dtype).name}-"
+            f"{activation}")
+
+
+@pytest.mark.parametrize("case", _grouped_cases(), ids=_grouped_id)
+def test_every_grouped_row(case, key):
+    config, routing, k, n, dtype, activation = case
+    t, sizes = ROUTINGS[routing]
+    check_grouped(t, k, n, sizes, key, launch=Launch(config), dtype=dtype, activation=activation)
+
+
+@pytest.mark.parametrize("routing", ["balanced", "skewed", "decode"])
+def test_the_grouped_selection(routing, key):
+    t, sizes = ROUTINGS[routing]
+    check_grouped(t, *GROUPED_SHAPE, sizes, key)
 
 
 def test_every_activation_is_compiled():
