@@ -9,7 +9,9 @@ Each (model, M) row builds one input set (the benchmark's random data, weights i
 flushes the caches before each kernel replay by default), compiles every variant first,
 then calls each once more between cudaProfilerStart/Stop, so `ncu --profile-from-start off`
 sees exactly one call per variant. A launch is "gemm", "auto", or a launch in the text form
-``swiglu(..., launch=...)`` takes (``explain`` prints it). scripts/gpu_check.sh (NCU=1) runs
+``swiglu(..., launch=...)`` takes (``explain`` prints it). ``--moe MODEL:TOKENS:ROUTING`` rows
+(benchmarks/bench_moe.py's expert shapes and routings) profile the grouped call the selection
+picks, each grouped row of ``--grouped-launches`` forced, and the dense GEMM of equal FLOPs. scripts/gpu_check.sh (NCU=1) runs
 it under ncu and writes the report's details page as text.
 """
 
@@ -19,7 +21,9 @@ import argparse
 import ctypes
 
 import jax
+import numpy as np
 
+from . import bench_moe
 from . import bench_swiglu
 from . import shapes as shapes_lib
 
@@ -34,11 +38,16 @@ def _compiled(launch, x, w):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", nargs="+", required=True, help="MODEL:M, e.g. qwen2.5-7b:128")
+    parser.add_argument("--rows", nargs="*", default=[], help="MODEL:M, e.g. qwen2.5-7b:128")
     parser.add_argument("--launches", nargs="+", default=["gemm", "auto"])
+    parser.add_argument("--moe", nargs="*", default=[],
+                        help="MODEL:TOKENS:ROUTING, e.g. qwen3-30b-a3b:4096:balanced")
+    parser.add_argument("--grouped-launches", nargs="*", type=int, default=[])
     args = parser.parse_args(argv)
     profiler = _DriverProfiler()
 
+    for row in args.moe:
+        _profile_moe(row, args.grouped_launches, profiler)
     for row in args.rows:
         model, m = row.rsplit(":", 1)
         k, n = shapes_lib.mlp_shape(model)
@@ -51,6 +60,27 @@ def main(argv=None):
             profiler.start()
             jax.block_until_ready(fn(x, w))
             profiler.stop()
+
+
+def _profile_moe(row, launches, profiler):
+    model, tokens, routing = row.split(":")
+    k, f, experts, top_k = shapes_lib.MOE_MLPS[model]
+    rows = int(tokens) * top_k
+    weights = bench_moe.make_weights(jax.random.key(0), k, f, experts)
+    sizes = jax.numpy.asarray(bench_moe.group_sizes(routing, rows, experts,
+                                                    np.random.default_rng(0)))
+    x = jax.random.normal(jax.random.key(1), (rows, k), jax.numpy.bfloat16)
+    variants = {"grouped": bench_moe._grouped, "gemm": bench_moe._gemm}
+    variants.update({f"grouped:{c}": bench_moe._forced(c) for c in launches})
+    compiled = {name: jax.jit(fn).lower(x, sizes, weights).compile()
+                for name, fn in variants.items()}
+    for fn in compiled.values():
+        jax.block_until_ready(fn(x, sizes, weights))
+    for name, fn in compiled.items():
+        print(f"profiling {row} {name}", flush=True)
+        profiler.start()
+        jax.block_until_ready(fn(x, sizes, weights))
+        profiler.stop()
 
 
 class _DriverProfiler:

@@ -57,6 +57,21 @@ DECODE_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DECODE_RAGGED_M = (3, 48, 200, 300)
 
 
+# Expert MLPs of public mixture-of-experts models: (hidden size K, expert intermediate size F,
+# routed experts E, experts per token), as their published configs give hidden_size,
+# moe_intermediate_size (or intermediate_size), the number of routed experts and the top-k.
+MOE_MLPS = {
+    "mixtral-8x7b": (4096, 14336, 8, 2),  # also Mixtral 8x22B's routing (6144 x 16384)
+    "qwen3-30b-a3b": (2048, 768, 128, 8),
+    "deepseek-v3": (7168, 2048, 256, 8),  # also Kimi K2's experts (384 routed)
+    "gpt-oss-20b": (2880, 2880, 32, 4),
+    "qwen1.5-moe-a2.7b": (2048, 1408, 60, 4),
+    "olmoe-1b-7b": (2048, 1024, 64, 8),
+}
+# Tokens per call (each routed to top-k experts: T = tokens * top-k rows).
+MOE_TOKENS = (1, 8, 64, 512, 4096, 16384)
+
+
 def mlp_shape(name: str) -> tuple[int, int]:
     """(K, N) of a model in ``PUBLIC_MLPS``, or of "KxN" for any other shape."""
     if name in PUBLIC_MLPS:

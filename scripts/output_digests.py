@@ -48,12 +48,15 @@ def _jax():
 
 
 def _families(jax_swiglu) -> dict:
-    """family -> {id -> config} of every compiled row, the e4m3 rows as family "fp8"."""
+    """family -> {id -> config} of every compiled dense row, the e4m3 rows as family "fp8"
+    (grouped rows run expert calls, which this grid does not make)."""
     from jax_swiglu import _native
     configs = _native.kernel_configs()
     if configs and not isinstance(next(iter(configs.values())), dict):  # one table of rows
         families = {}
         for config_id, row in configs.items():
+            if getattr(row, "grouped", False):
+                continue
             family = "fp8" if row.operands == "e4m3" else row.family
             families.setdefault(family, {})[config_id] = row
         return families

@@ -7,8 +7,9 @@
 
 ``run`` calls every compiled row of the config table (forced with ``swiglu(..., launch=...)``)
 at each of its split choices on the cases of ``PLANS``: partial tiles in M on the smallest and
-the largest Qwen2.5 MLP. It prints ``CASE ...`` before each call and ``OK``/``WRONG`` after
-it, then ``DONE``. Each result is also checked against a host fp32 reference (the criterion of
+the largest Qwen2.5 MLP. Grouped rows run ``grouped_swiglu`` over three experts (the MLP's
+weights, an empty expert of zeros, the weights again) with a row past the groups where M > 1.
+It prints ``CASE ...`` before each call and ``OK``/``WRONG`` after it, then ``DONE``. Each result is also checked against a host fp32 reference (the criterion of
 tests/kernels/criterion.py; the fp8 rows against the fp8 spec),
 so a hazard that corrupts the output shows up even when the tool says nothing. Inputs are
 made on the host and copied over, and the reference is computed on the host, so the only
@@ -162,6 +163,11 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
         return jax.jit(lambda poison, x, w: jax_swiglu.swiglu(x, weights(w), launch=launch),
                        donate_argnums=0, keep_unused=True)
 
+    def grouped_fused(launch, n):
+        return jax.jit(lambda poison, x, data, sizes: jax_swiglu.grouped_swiglu(
+            x, jax_swiglu.PackedExperts.from_packed_data(data, n), sizes, launch=launch),
+            donate_argnums=0, keep_unused=True)
+
     shapes = {"qwen2.5-0.5b": (896, 4864), "qwen2.5-72b": (8192, 29568)}
     data = {}
     for model in models:
@@ -200,22 +206,38 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
             weights = quantized[model] if fp8 else packed
             fn = fused(launch, (lambda w: w) if fp8
                        else (lambda data, n=n: jax_swiglu.PackedWeights.from_packed_data(data, n)))
+            if row.grouped:
+                # Three experts: the packed weights, zeros (an expert with no rows: a row
+                # given to it would come out 0) and the packed weights again; the last row
+                # of x is past the groups (zeros) where M > 1.
+                weights = jnp.stack([packed, jnp.zeros_like(packed), packed])
+                fn = grouped_fused(launch, n)
             for m in ms(row):
                 cases += 1
-                label = (f"tool={tool} kernel={row.family}{'-fp8' if fp8 else ''} "
-                         f"config={row.id} splits={launch.splits} {model} m={m} k={k} n={n}")
+                label = (f"tool={tool} kernel={row.family}{'-fp8' if fp8 else ''}"
+                         f"{'-grouped' if row.grouped else ''} config={row.id} "
+                         f"splits={launch.splits} {model} m={m} k={k} n={n}")
                 print(f"CASE {label}")
                 start = time.time()
                 try:
                     x = jax.device_put(x_all[:m])
                     poison = jnp.full((m, n), jnp.nan, x.dtype)
-                    lowered = lowered_config(fn.trace(poison, x, weights).lower(
+                    args = (poison, x, weights)
+                    expected = reference[:m]
+                    if row.grouped:
+                        first = max(1, m // 3)
+                        sizes = jnp.array([first, 0, max(0, m - 1 - first)], jnp.int32)
+                        args += (sizes,)
+                        expected = np.where(np.arange(m)[:, None] < int(sizes.sum()),
+                                            reference[:m], 0.0)
+                    lowered = lowered_config(fn.trace(*args).lower(
                         lowering_platforms=("cuda",)).as_text())
                     if lowered != row.id:
                         raise AssertionError(f"the CUDA lowering uses config {lowered}")
-                    y = jax.block_until_ready(fn(poison, x, weights))
-                    expected = (np.asarray(jax_swiglu.swiglu_reference_quantized(x, weights),
-                                           np.float32) if fp8 else reference[:m])
+                    y = jax.block_until_ready(fn(*args))
+                    if fp8:
+                        expected = np.asarray(jax_swiglu.swiglu_reference_quantized(x, weights),
+                                              np.float32)
                     off, rel_fro = check(y, expected)
                     verdict = "OK" if off == 0 and rel_fro < 1e-2 else "WRONG"
                     detail = f"off={off} rel_fro={rel_fro:.3g}"

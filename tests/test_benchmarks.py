@@ -397,3 +397,80 @@ def test_model_swap_runs_as_the_readme_writes_it():
     assert model_swap.default_out_dir("NVIDIA H200") == str(
         REPO / "benchmarks" / "results" / "NVIDIA_H200")
     assert model_swap.parse_args(["--tiny", "--out", "somewhere"]).out == "somewhere"
+
+
+# --- the grouped (mixture-of-experts) benchmark --------------------------------------------
+
+def test_moe_routings_sum_to_the_rows_and_skew_as_described():
+    import numpy as np
+
+    from benchmarks import bench_moe
+    rng = np.random.default_rng(0)
+    for rows, experts in ((16, 8), (64, 128), (32768, 128), (5, 256)):
+        balanced = bench_moe.group_sizes("balanced", rows, experts, rng)
+        assert balanced.sum() == rows and balanced.dtype == np.int32
+        assert balanced.max() - balanced.min() <= 1
+        skewed = bench_moe.group_sizes("skewed", rows, experts, rng)
+        assert skewed.sum() == rows and skewed.max() >= rows // 2
+        assert (skewed == 0).sum() >= experts // 4
+    with pytest.raises(ValueError, match="routing must be one of"):
+        bench_moe.group_sizes("random", 8, 8, rng)
+
+
+def _moe_row(tokens, routing, xla, grouped, gemm, tokamax=None, off=0, forced=None):
+    from benchmarks import shapes
+    k, f, experts, top_k = shapes.MOE_MLPS["mixtral-8x7b"]
+    times = {"xla": xla, "xla_two": xla * 1.1, "grouped": grouped, "gemm": gemm,
+             **({"tokamax": tokamax} if tokamax else {}), **(forced or {})}
+    return {"model": "mixtral-8x7b", "tokens": tokens, "rows": tokens * top_k, "routing": routing,
+            "k": k, "f": f, "experts": experts, "top_k": top_k, "gpu_us": times,
+            "unsupported": {}, "mismatches": {"grouped": off, "xla": 9},
+            "grouped_choice": "T=16 ...: runs the grouped fused kernel config 35 (...)\n  "
+                              "details: interleaved [jax_swiglu_grouped_silu_bf16, config 35: x]"}
+
+
+def test_moe_targets_and_report():
+    from benchmarks import bench_moe
+    rows = [_moe_row(8, "balanced", 420.0, 400.0, 50.0, tokamax=500.0,
+                     forced={"grouped:35": 400.0, "grouped:33": 550.0}),
+            _moe_row(4096, "balanced", 18000.0, 2600.0, 2450.0, tokamax=3100.0),
+            _moe_row(512, "skewed", 2100.0, 450.0, 300.0, off=2)]
+    met = {name: ok for name, _, ok in bench_moe.targets(rows)}
+    assert met["grouped >= 1.5x XLA's ragged_dot path, 512-16384 tokens"]
+    assert not met["grouped >= 1.2x XLA's ragged_dot path, 1-64 tokens"]  # 1.05x
+    assert met["grouped >= 1.1x tokamax's ragged_dot + activation"]  # 1.19x at worst
+    assert met["grouped within 1.10x of the dense GEMM, balanced, >= 4096 tokens"]  # 1.061
+    assert not met["0 elements off the fp32 spec (grouped)"]
+    text = bench_moe.markdown({"environment": ENV, "iterations": 9, "rounds": 3, "rows": rows})
+    assert "| mixtral-8x7b | 8 | 16 | balanced | 420.0 | 462.0 | 500.0 | 400.0 | 50.0 | 1.05 |" in text
+    assert "| mixtral-8x7b | 8 | balanced | 550.0 | **400.0** | grouped:35 (1.000x the best) |" in text
+    assert "| 0 elements off the fp32 spec (grouped) | 2 | NO |" in text
+
+
+def test_moe_spec_sample_keeps_each_row_with_its_expert(monkeypatch):
+    """Where every row would not fit the spec's memory bound, the sampled rows keep their
+    experts (the sample's group sizes) and rows past the sum stay past it: the spec on the
+    sample equals the spec on all rows, restricted to the sample."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jax_swiglu
+    from benchmarks import bench_moe
+    experts, k, f, rows = 4, 16, 8, 40
+    kx, kg, ku = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (rows, k), jnp.float32)
+    w_gate = jax.random.normal(kg, (experts, k, f), jnp.float32)
+    w_up = jax.random.normal(ku, (experts, k, f), jnp.float32)
+    sizes = jnp.asarray([9, 0, 17, 10], jnp.int32)  # 4 rows past the sum
+    full = jax_swiglu.grouped_swiglu_reference(x, w_gate, w_up, sizes)
+    monkeypatch.setattr(bench_moe, "SPEC_BYTES", 12 * experts * 2 * f * 4)
+    xs, ys, sample_sizes = bench_moe._spec_sample(x, full, sizes, experts, f,
+                                                  np.random.default_rng(1))
+    assert xs.shape == (12, k) and int(sample_sizes.sum()) <= 12
+    np.testing.assert_allclose(
+        jax_swiglu.grouped_swiglu_reference(xs, w_gate, w_up, sample_sizes), ys,
+        rtol=1e-5, atol=1e-5)
+    # Under the bound every row is checked.
+    monkeypatch.setattr(bench_moe, "SPEC_BYTES", 1e12)
+    assert bench_moe._spec_sample(x, full, sizes, experts, f, None)[0].shape == (rows, k)
