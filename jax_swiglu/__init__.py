@@ -14,10 +14,10 @@ GPU. Inference only.
 
 from . import convert
 from ._api import explain, fused_mlp, swiglu
-from ._experts import (PackedExperts, explain_grouped, grouped_fused_mlp, grouped_swiglu,
-                       grouped_swiglu_reference, pack_expert_weights, unpack_expert_weights)
+from ._experts import explain_grouped, grouped_fused_mlp, grouped_swiglu, grouped_swiglu_reference
 from ._launch import Launch
-from ._layout import GATE_UP_BLOCK, PackedWeights, pack_weights, unpack_weights
+from ._layout import (GATE_UP_BLOCK, PackedExperts, PackedWeights, pack_expert_weights,
+                      pack_weights, unpack_expert_weights, unpack_weights)
 from ._native import kernel_configs, kernels_available, unavailable_reason
 from ._quantize import QuantizedWeights, dequantize_weights, quantize_tokens, quantize_weights
 from ._primitive import swiglu_p

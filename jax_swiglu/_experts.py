@@ -15,158 +15,23 @@ gate/up product never reaches HBM. Elsewhere (and for other dtypes, callable act
 ``kernel="xla"``) the spec runs in plain XLA: one ``ragged_dot`` over the packed weights
 with fp32 accumulation, the split, ``act(g) * u`` in fp32 and one rounding.
 ``explain_grouped`` says what runs.
+
+Expert parallelism: with ``expert_axis`` (a mesh axis name), the experts' leading axis is
+split over that axis's devices and each device runs its own experts' rows only (module
+section "Expert parallelism" below).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from . import _launch, _layout, _native, _primitive, _reference, selection
+from ._layout import PackedExperts, _as_experts
 from ._reference import defined_group_sizes  # noqa: F401  (public here since wave 3)
-
-
-@jax.tree_util.register_pytree_node_class
-class PackedExperts:
-    """Every expert's gate and up weights in the packed layout: ``data`` ``[E, K, 2 F_pad]``.
-
-    Built by :func:`pack_expert_weights`; like :class:`PackedWeights` a pytree whose only
-    leaf is ``data``, with no public constructor from an array (a packed expert matrix and a
-    concatenation have the same shape). :meth:`from_packed_data` wraps data packed before.
-    """
-
-    __slots__ = ("data", "n", "layout")
-
-    def __init__(self, *args, **kwargs):
-        raise TypeError(
-            "PackedExperts is not built from an array directly: use "
-            "jax_swiglu.pack_expert_weights(w_gate, w_up) for [E, K, F] gate and up weights, or "
-            "PackedExperts.from_packed_data(data, n) for data already packed (a saved "
-            "experts.data)")
-
-    @classmethod
-    def _wrap(cls, data: Any, n: int, layout: str) -> PackedExperts:
-        experts = object.__new__(cls)
-        object.__setattr__(experts, "data", data)
-        object.__setattr__(experts, "n", n)
-        object.__setattr__(experts, "layout", layout)
-        return experts
-
-    @classmethod
-    def from_packed_data(cls, data: Any, n: int, *,
-                         layout: str = _layout.LAYOUT) -> PackedExperts:
-        """Wraps ``data`` ``[E, K, 2 F_pad]`` that is **already** in the packed layout."""
-        if not (hasattr(data, "shape") and hasattr(data, "dtype")):
-            raise TypeError(f"data must be an array [E, K, 2 * F_pad], got {type(data).__name__}")
-        if isinstance(n, bool) or not hasattr(n, "__index__"):
-            raise TypeError(f"n must be an int (F, each expert's gate and up columns), got {n!r}")
-        experts = cls._wrap(data, int(n), layout)
-        experts.validate()
-        return experts
-
-    def __setattr__(self, name, value):
-        raise AttributeError(f"PackedExperts is immutable; cannot set {name!r}")
-
-    def __repr__(self):
-        return f"PackedExperts(data={self.data!r}, n={self.n}, layout={self.layout!r})"
-
-    def tree_flatten(self):
-        return (self.data,), (self.n, self.layout)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls._wrap(children[0], *aux)
-
-    @property
-    def experts(self) -> int:
-        return self.data.shape[0]
-
-    @property
-    def k(self) -> int:
-        return self.data.shape[1]
-
-    @property
-    def dtype(self):
-        return self.data.dtype
-
-    def validate(self) -> None:
-        shape = tuple(self.data.shape)
-        if self.layout != _layout.LAYOUT:
-            raise ValueError(f"PackedExperts uses layout {self.layout!r}, but this version of "
-                             f"jax_swiglu reads {_layout.LAYOUT!r}; pack the weights again")
-        if not jnp.issubdtype(self.data.dtype, jnp.floating):
-            raise TypeError(f"PackedExperts data must be floating point, got {self.data.dtype}")
-        if (len(shape) != 3 or shape[0] == 0 or self.n <= 0
-                or shape[2] != 2 * _layout.padded_n(self.n)):
-            raise ValueError(
-                f"PackedExperts data has shape {shape}, but n={self.n} needs "
-                f"[E, K, {2 * _layout.padded_n(max(self.n, 1))}] with E >= 1; it was not built "
-                "by jax_swiglu.pack_expert_weights (or was modified since)")
-
-
-def pack_expert_weights(w_gate, w_up=None, *, layout: str | None = None,
-                        dtype=None) -> PackedExperts:
-    """Packs every expert's gate and up weights for :func:`grouped_swiglu`.
-
-    The same source layouts as :func:`jax_swiglu.pack_weights`, with a leading expert axis:
-    ``pack_expert_weights(w_gate, w_up)`` with ``[E, K, F]`` each; one ``[E, K, 2, F]``
-    array (stacked); ``layout="concatenated"`` for one ``[E, K, 2F]`` array
-    ``[gate | up]``. Kernels are ``[in, out]`` (``x @ w``). The arguments are not modified;
-    :func:`unpack_expert_weights` gives them back exactly.
-    """
-    if w_up is None:
-        if not (hasattr(w_gate, "shape") and hasattr(w_gate, "dtype")):
-            raise TypeError(f"pack_expert_weights takes arrays, got {type(w_gate).__name__}")
-        shape = tuple(w_gate.shape)
-        if layout == "concatenated" and len(shape) == 3 and shape[2] % 2 == 0:
-            w_gate, w_up = w_gate[..., :shape[2] // 2], w_gate[..., shape[2] // 2:]
-        elif layout in (None, "stacked") and len(shape) == 4 and shape[2] == 2:
-            w_gate, w_up = w_gate[:, :, 0], w_gate[:, :, 1]
-        else:
-            raise ValueError(
-                "pack_expert_weights takes w_gate and w_up [E, K, F] each, one stacked "
-                "[E, K, 2, F] array, or with layout='concatenated' one [E, K, 2F] array "
-                f"[gate | up]; got one array of shape {shape} (layout={layout!r})")
-    elif layout not in (None, "separate"):
-        raise ValueError(f"layout={layout!r} is one array: pass it alone; two arrays are "
-                         "layout='separate'")
-    for name, w in (("w_gate", w_gate), ("w_up", w_up)):
-        if not (hasattr(w, "shape") and hasattr(w, "dtype")) or w.ndim != 3:
-            raise ValueError(f"{name} must be [E, K, F], got "
-                             f"{tuple(getattr(w, 'shape', ())) or type(w).__name__}")
-        if not jnp.issubdtype(w.dtype, jnp.floating):
-            raise TypeError(f"{name} must be a floating-point array, got dtype {w.dtype}")
-    if w_gate.shape != w_up.shape:
-        raise ValueError(f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} must have "
-                         "the same shape")
-    if w_gate.dtype != w_up.dtype and dtype is None:
-        raise TypeError(f"w_gate ({w_gate.dtype}) and w_up ({w_up.dtype}) have different "
-                        "dtypes; pass dtype= to cast both")
-    experts, k, n = w_gate.shape
-    if experts == 0:
-        raise ValueError("pack_expert_weights needs at least one expert (E >= 1)")
-    _layout.check_alignment(k, n)
-    if dtype is not None:
-        w_gate, w_up = w_gate.astype(dtype), w_up.astype(dtype)
-    pad = [(0, 0), (0, 0), (0, _layout.padded_n(n) - n)]
-    data = _layout.interleave_gate_up(jnp.pad(w_gate, pad), jnp.pad(w_up, pad))
-    return PackedExperts._wrap(data, n, _layout.LAYOUT)
-
-
-def unpack_expert_weights(experts: PackedExperts):
-    """Inverse of :func:`pack_expert_weights`, exact: ``(w_gate, w_up)``, ``[E, K, F]`` each."""
-    experts = _as_experts(experts)
-    return _layout.split_gate_up(experts.data, experts.n)
-
-
-def _as_experts(experts) -> PackedExperts:
-    if not isinstance(experts, PackedExperts):
-        raise TypeError(f"experts must be PackedExperts (jax_swiglu.pack_expert_weights), got "
-                        f"{type(experts).__name__}")
-    experts.validate()
-    return experts
 
 
 def _check_grouped_call(x, experts: PackedExperts, group_sizes) -> None:
@@ -226,7 +91,7 @@ def _requested(kernel: str, launch, x, experts: PackedExperts, activation):
 
 
 def grouped_swiglu(x, experts, group_sizes, *, kernel: str = "auto", launch=None,
-                   activation="silu"):
+                   activation="silu", expert_axis: str | None = None, mesh=None):
     """``act(x @ W_gate[e]) * (x @ W_up[e])`` for every row's expert ``e``.
 
     Args:
@@ -241,6 +106,12 @@ def grouped_swiglu(x, experts, group_sizes, *, kernel: str = "auto", launch=None
       launch: one grouped row to run (a row of :func:`jax_swiglu.kernel_configs` whose
         ``grouped`` is true, or its id), instead of the selection's.
       activation: as in :func:`jax_swiglu.swiglu` (names, aliases, callables).
+      expert_axis: a mesh axis to split the experts over (expert parallelism): each device
+        holds ``E / devices`` experts and computes their rows; ``x`` and ``group_sizes`` are
+        the whole call's, replicated along that axis, and so is the result (one all-reduce).
+        Inside a ``shard_map`` over that axis, ``experts`` is the device's own slice
+        (``E / devices`` experts, in order) and ``group_sizes`` stays global ``[E]``.
+      mesh: the mesh of ``expert_axis``; by default the current one (``jax.set_mesh``).
 
     Returns:
       ``[T, F]`` in ``x``'s dtype: fp32 accumulation and math, rounded once. The fused
@@ -249,6 +120,11 @@ def grouped_swiglu(x, experts, group_sizes, *, kernel: str = "auto", launch=None
     """
     activation = _reference.resolve_activation(activation)
     experts = _as_experts(experts)
+    if expert_axis is not None:
+        return _over_expert_axis(
+            functools.partial(grouped_swiglu, kernel=kernel, launch=launch,
+                              activation=activation),
+            x, experts, group_sizes, (), expert_axis, mesh)
     _check_grouped_call(x, experts, group_sizes)
     kernel, launch, why = _requested(kernel, launch, x, experts, activation)
     if why:
@@ -260,27 +136,107 @@ def grouped_swiglu(x, experts, group_sizes, *, kernel: str = "auto", launch=None
 
 
 def grouped_fused_mlp(x, experts, w_down, group_sizes, *, kernel: str = "auto", launch=None,
-                      activation="silu"):
+                      activation="silu", expert_axis: str | None = None, mesh=None):
     """Every row's expert MLP block: ``grouped_swiglu(...) @ W_down[e]``.
 
     ``w_down`` is ``[E, F, K_out]`` in ``x``'s dtype; the down projection is a
     ``ragged_dot`` over the same groups (fp32 accumulation, one rounding); ``kernel``,
-    ``launch`` and ``activation`` are :func:`grouped_swiglu`'s.
+    ``launch``, ``activation``, ``expert_axis`` and ``mesh`` are :func:`grouped_swiglu`'s
+    (with ``expert_axis``, ``w_down`` is split over the experts too, and the one all-reduce
+    is of the ``[T, K_out]`` result).
     """
     experts = _as_experts(experts)
     if (not hasattr(w_down, "shape") or w_down.ndim != 3
             or tuple(w_down.shape[:2]) != (experts.experts, experts.n)):
         raise ValueError(f"w_down must be [E, F, K_out] with E={experts.experts}, F={experts.n}, "
                          f"got {tuple(getattr(w_down, 'shape', ())) or type(w_down).__name__}")
-    _check_grouped_call(x, experts, group_sizes)
-    if w_down.dtype != x.dtype:
+    if hasattr(x, "dtype") and w_down.dtype != x.dtype:
         raise TypeError(f"w_down is {w_down.dtype} but x is {x.dtype}; they must match")
+    if expert_axis is not None:
+        def own_mlp(x, experts, group_sizes, w_down):
+            return grouped_fused_mlp(x, experts, w_down, group_sizes, kernel=kernel,
+                                     launch=launch, activation=activation)
+        return _over_expert_axis(own_mlp, x, experts, group_sizes, (w_down,), expert_axis,
+                                 mesh)
+    _check_grouped_call(x, experts, group_sizes)
     y = grouped_swiglu(x, experts, group_sizes, kernel=kernel, launch=launch,
                        activation=activation)
-    out = jax.lax.ragged_dot(y, w_down, defined_group_sizes(group_sizes, x.shape[0]),
-                             preferred_element_type=jnp.promote_types(x.dtype, jnp.float32),
-                             precision=_reference.dot_precision(x.dtype))
+    out = _reference.ragged_product(y, w_down, defined_group_sizes(group_sizes, x.shape[0]))
     return out.astype(x.dtype)
+
+
+# --- Expert parallelism --------------------------------------------------------------------
+# Tokens replicated along the expert axis, experts split over it: device d holds experts
+# [d*E_d, (d+1)*E_d), whose rows are one contiguous run of x (rows are sorted by expert). The
+# device rolls x so that run starts at row 0, runs the grouped call on its own experts' group
+# sizes (every other row then lies past their sum: zeros), rolls the result back, and one
+# all-reduce adds the devices' disjoint rows. Adding zeros is exact, so the result is the
+# single-device call's, bit for bit.
+
+def _mesh_of(axis: str, mesh):
+    context = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+    if context is None or context.empty or axis not in context.axis_names:
+        raise ValueError(
+            f"expert_axis={axis!r} is not an axis of "
+            + ("the mesh given" if mesh is not None else "the current mesh (none is set: pass "
+               "mesh=, or call under jax.set_mesh(mesh))")
+            + (f"; its axes are {tuple(context.axis_names)}"
+               if context is not None and not context.empty else ""))
+    return context
+
+
+def _own_experts_call(call, x, experts: PackedExperts, group_sizes, extras, axis: str):
+    """Inside a manual context over ``axis``: this device's experts' rows through ``call``,
+    every row of the result in place, the devices' results summed."""
+    devices = jax.lax.axis_size(axis)
+    total = experts.experts * devices
+    if tuple(group_sizes.shape) != (total,):
+        raise ValueError(f"group_sizes must have one size per expert of the whole call, shape "
+                         f"({total},) ({experts.experts} experts on each of {devices} devices "
+                         f"along {axis!r}), got {tuple(group_sizes.shape)}")
+    if not (hasattr(x, "shape") and len(x.shape) == 2):
+        raise ValueError(f"x must be [T, K] (tokens sorted by expert), got "
+                         f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+    sizes = defined_group_sizes(group_sizes, x.shape[0])
+    first = jax.lax.axis_index(axis) * experts.experts
+    own = jax.lax.dynamic_slice_in_dim(sizes, first, experts.experts)
+    offset = jnp.sum(jnp.where(jnp.arange(total) < first, sizes, 0))
+    y = jnp.roll(call(jnp.roll(x, -offset, axis=0), experts, own, *extras), offset, axis=0)
+    return jax.lax.psum(y, axis)
+
+
+def _over_expert_axis(call, x, experts: PackedExperts, group_sizes, extras, axis: str, mesh):
+    """``call(x, experts, group_sizes, *extras)`` with the experts (and ``extras``, split on
+    their leading expert axis too) over mesh axis ``axis``."""
+    if not isinstance(axis, str):
+        raise TypeError(f"expert_axis must be a mesh axis name (str), got {axis!r}")
+    context = _mesh_of(axis, mesh)
+    if axis in context.manual_axes:  # already one device's experts (inside shard_map)
+        return _own_experts_call(call, x, experts, group_sizes, extras, axis)
+    _check_grouped_call(x, experts, group_sizes)
+    devices = context.shape[axis]
+    if experts.experts % devices:
+        raise ValueError(f"{experts.experts} experts do not split evenly over the {devices} "
+                         f"devices of mesh axis {axis!r}")
+    if devices == 1:  # nothing to split
+        return call(x, experts, group_sizes, *extras)
+
+    def per_device(x, data, group_sizes, *extras):
+        own = PackedExperts._wrap(data, experts.n, experts.layout)
+        return _own_experts_call(call, x, own, group_sizes, extras, axis)
+
+    split = P(axis)
+    specs = (P(), split, P()) + (split,) * len(extras)
+    args = (x, experts.data, group_sizes, *extras)
+    if jax.sharding.AxisType.Explicit in context.axis_types:
+        # Explicit axes: shard_map takes the operands as they are laid out; lay them out.
+        args = tuple(jax.sharding.reshard(
+            a, spec if mesh is None else jax.sharding.NamedSharding(mesh, spec))
+            for a, spec in zip(args, specs))
+    # Manual over every mesh axis: the tokens are the whole call's on each device (XLA's CPU
+    # compiler also fails on a ragged_dot in a body manual over some axes only).
+    return jax.shard_map(per_device, mesh=mesh,
+                         in_specs=specs, out_specs=P())(*args)
 
 
 def grouped_swiglu_reference(x, w_gate, w_up, group_sizes, *, activation="silu"):
@@ -288,10 +244,7 @@ def grouped_swiglu_reference(x, w_gate, w_up, group_sizes, *, activation="silu")
     expert's gate and up products in fp32 (two ``ragged_dot``), ``act(g) * u`` in fp32, one
     rounding. Plain XLA, differentiable."""
     sizes = defined_group_sizes(group_sizes, x.shape[0])
-    accumulate = jnp.promote_types(x.dtype, jnp.float32)
-    gate, up = (jax.lax.ragged_dot(x, w, sizes, preferred_element_type=accumulate,
-                                   precision=_reference.dot_precision(x.dtype))
-                for w in (w_gate, w_up))
+    gate, up = (_reference.ragged_product(x, w, sizes) for w in (w_gate, w_up))
     return _reference.gated(gate, up, activation).astype(x.dtype)
 
 

@@ -446,3 +446,146 @@ def as_packed(packed, argname: str) -> PackedWeights:
             f"{hint}. Pack the gate and up weights once, at load time")
     raise TypeError(
         f"{argname} must be PackedWeights from jax_swiglu.pack_weights, got {type(packed).__name__}")
+
+
+# --- every expert of a mixture-of-experts layer, packed -----------------------------------
+
+@jax.tree_util.register_pytree_node_class
+class PackedExperts:
+    """Every expert's gate and up weights in the packed layout: ``data`` ``[E, K, 2 F_pad]``.
+
+    Built by :func:`pack_expert_weights`; like :class:`PackedWeights` a pytree whose only
+    leaf is ``data``, with no public constructor from an array (a packed expert matrix and a
+    concatenation have the same shape). :meth:`from_packed_data` wraps data packed before.
+    """
+
+    __slots__ = ("data", "n", "layout")
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError(
+            "PackedExperts is not built from an array directly: use "
+            "jax_swiglu.pack_expert_weights(w_gate, w_up) for [E, K, F] gate and up weights, or "
+            "PackedExperts.from_packed_data(data, n) for data already packed (a saved "
+            "experts.data)")
+
+    @classmethod
+    def _wrap(cls, data: Any, n: int, layout: str) -> PackedExperts:
+        experts = object.__new__(cls)
+        object.__setattr__(experts, "data", data)
+        object.__setattr__(experts, "n", n)
+        object.__setattr__(experts, "layout", layout)
+        return experts
+
+    @classmethod
+    def from_packed_data(cls, data: Any, n: int, *,
+                         layout: str = LAYOUT) -> PackedExperts:
+        """Wraps ``data`` ``[E, K, 2 F_pad]`` that is **already** in the packed layout."""
+        if not (hasattr(data, "shape") and hasattr(data, "dtype")):
+            raise TypeError(f"data must be an array [E, K, 2 * F_pad], got {type(data).__name__}")
+        if isinstance(n, bool) or not hasattr(n, "__index__"):
+            raise TypeError(f"n must be an int (F, each expert's gate and up columns), got {n!r}")
+        experts = cls._wrap(data, int(n), layout)
+        experts.validate()
+        return experts
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"PackedExperts is immutable; cannot set {name!r}")
+
+    def __repr__(self):
+        return f"PackedExperts(data={self.data!r}, n={self.n}, layout={self.layout!r})"
+
+    def tree_flatten(self):
+        return (self.data,), (self.n, self.layout)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls._wrap(children[0], *aux)
+
+    @property
+    def experts(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.data.shape[1]
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    def validate(self) -> None:
+        shape = tuple(self.data.shape)
+        if self.layout != LAYOUT:
+            raise ValueError(f"PackedExperts uses layout {self.layout!r}, but this version of "
+                             f"jax_swiglu reads {LAYOUT!r}; pack the weights again")
+        if not jnp.issubdtype(self.data.dtype, jnp.floating):
+            raise TypeError(f"PackedExperts data must be floating point, got {self.data.dtype}")
+        if (len(shape) != 3 or shape[0] == 0 or self.n <= 0
+                or shape[2] != 2 * padded_n(self.n)):
+            raise ValueError(
+                f"PackedExperts data has shape {shape}, but n={self.n} needs "
+                f"[E, K, {2 * padded_n(max(self.n, 1))}] with E >= 1; it was not built "
+                "by jax_swiglu.pack_expert_weights (or was modified since)")
+
+
+def pack_expert_weights(w_gate, w_up=None, *, layout: str | None = None,
+                        dtype=None) -> PackedExperts:
+    """Packs every expert's gate and up weights for :func:`jax_swiglu.grouped_swiglu`.
+
+    The same source layouts as :func:`jax_swiglu.pack_weights`, with a leading expert axis:
+    ``pack_expert_weights(w_gate, w_up)`` with ``[E, K, F]`` each; one ``[E, K, 2, F]``
+    array (stacked); ``layout="concatenated"`` for one ``[E, K, 2F]`` array
+    ``[gate | up]``. Kernels are ``[in, out]`` (``x @ w``). The arguments are not modified;
+    :func:`unpack_expert_weights` gives them back exactly.
+    """
+    if w_up is None:
+        if not (hasattr(w_gate, "shape") and hasattr(w_gate, "dtype")):
+            raise TypeError(f"pack_expert_weights takes arrays, got {type(w_gate).__name__}")
+        shape = tuple(w_gate.shape)
+        if layout == "concatenated" and len(shape) == 3 and shape[2] % 2 == 0:
+            w_gate, w_up = w_gate[..., :shape[2] // 2], w_gate[..., shape[2] // 2:]
+        elif layout in (None, "stacked") and len(shape) == 4 and shape[2] == 2:
+            w_gate, w_up = w_gate[:, :, 0], w_gate[:, :, 1]
+        else:
+            raise ValueError(
+                "pack_expert_weights takes w_gate and w_up [E, K, F] each, one stacked "
+                "[E, K, 2, F] array, or with layout='concatenated' one [E, K, 2F] array "
+                f"[gate | up]; got one array of shape {shape} (layout={layout!r})")
+    elif layout not in (None, "separate"):
+        raise ValueError(f"layout={layout!r} is one array: pass it alone; two arrays are "
+                         "layout='separate'")
+    for name, w in (("w_gate", w_gate), ("w_up", w_up)):
+        if not (hasattr(w, "shape") and hasattr(w, "dtype")) or w.ndim != 3:
+            raise ValueError(f"{name} must be [E, K, F], got "
+                             f"{tuple(getattr(w, 'shape', ())) or type(w).__name__}")
+        if not jnp.issubdtype(w.dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating-point array, got dtype {w.dtype}")
+    if w_gate.shape != w_up.shape:
+        raise ValueError(f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} must have "
+                         "the same shape")
+    if w_gate.dtype != w_up.dtype and dtype is None:
+        raise TypeError(f"w_gate ({w_gate.dtype}) and w_up ({w_up.dtype}) have different "
+                        "dtypes; pass dtype= to cast both")
+    experts, k, n = w_gate.shape
+    if experts == 0:
+        raise ValueError("pack_expert_weights needs at least one expert (E >= 1)")
+    check_alignment(k, n)
+    if dtype is not None:
+        w_gate, w_up = w_gate.astype(dtype), w_up.astype(dtype)
+    pad = [(0, 0), (0, 0), (0, padded_n(n) - n)]
+    data = interleave_gate_up(jnp.pad(w_gate, pad), jnp.pad(w_up, pad))
+    return PackedExperts._wrap(data, n, LAYOUT)
+
+
+def unpack_expert_weights(experts: PackedExperts):
+    """Inverse of :func:`pack_expert_weights`, exact: ``(w_gate, w_up)``, ``[E, K, F]`` each."""
+    experts = _as_experts(experts)
+    return split_gate_up(experts.data, experts.n)
+
+
+def _as_experts(experts) -> PackedExperts:
+    if not isinstance(experts, PackedExperts):
+        raise TypeError(f"experts must be PackedExperts (jax_swiglu.pack_expert_weights), got "
+                        f"{type(experts).__name__}")
+    experts.validate()
+    return experts

@@ -170,15 +170,32 @@ def defined_group_sizes(group_sizes, tokens: int):
     return jnp.diff(ends, prepend=jnp.zeros((1,), ends.dtype)).astype(jnp.int32)
 
 
+def ragged_product(x, w, sizes):
+    """``jax.lax.ragged_dot(x, w, sizes)`` accumulated in fp32 (float64 for float64 ``x``) at
+    :func:`dot_precision`. Under a mesh with explicit axes, for which jax infers no output
+    sharding of a ragged_dot, the product keeps ``x``'s row sharding."""
+    out_sharding = None
+    for operand in (x, w, sizes):
+        sharding = getattr(jax.typeof(operand), "sharding", None)
+        mesh = getattr(sharding, "mesh", None)
+        if (mesh is not None and not mesh.empty
+                and jax.sharding.AxisType.Explicit in mesh.axis_types):
+            rows = jax.typeof(x).sharding.spec if operand is x else ()
+            out_sharding = jax.sharding.NamedSharding(
+                mesh, jax.sharding.PartitionSpec(rows[0] if len(rows) else None, None))
+            break
+    return jax.lax.ragged_dot(x, w, sizes,
+                              preferred_element_type=jnp.promote_types(x.dtype, jnp.float32),
+                              precision=dot_precision(x.dtype), out_sharding=out_sharding)
+
+
 def grouped_swiglu_reference_packed(x, experts_data, group_sizes, n: int, activation="silu"):
     """The grouped spec on packed expert weights ``[E, K, 2 N_pad]``: one ``ragged_dot`` over
     the defined group sizes with fp32 accumulation (float64 for float64 x), the split,
     ``act(g) * u`` in fp32, one rounding; rows past the groups are zeros. What the grouped
     primitive lowers to off CUDA (and for ``kernel="xla"``)."""
     sizes = defined_group_sizes(group_sizes, x.shape[0])
-    product = jax.lax.ragged_dot(x, experts_data, sizes,
-                                 preferred_element_type=jnp.promote_types(x.dtype, jnp.float32),
-                                 precision=dot_precision(x.dtype))
+    product = ragged_product(x, experts_data, sizes)
     gate, up = _layout.split_gate_up(product, n)
     return gated(gate, up, activation).astype(x.dtype)
 

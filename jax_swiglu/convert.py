@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _experts, _layout
+from . import _layout
 from ._layout import PackedWeights
 
 __all__ = [
@@ -728,7 +728,7 @@ def _expert_regex(pattern: str) -> tuple[re.Pattern, bool]:
 
 def pack_hf_experts_checkpoint(checkpoint, *, gate: str = HF_EXPERT_GATE, up: str = HF_EXPERT_UP,
                                down: str = HF_EXPERT_DOWN,
-                               dtype=None) -> dict[int, tuple[_experts.PackedExperts, jax.Array]]:
+                               dtype=None) -> dict[int, tuple[_layout.PackedExperts, jax.Array]]:
     """Packs every layer's expert MLPs: ``{layer: (experts, w_down)}``.
 
     For :func:`jax_swiglu.grouped_fused_mlp`: ``experts`` holds every expert's gate and up
@@ -785,7 +785,7 @@ def _pack_experts(source: _Checkpoint, layer: int, names: dict[str, dict[int, st
     def stacked(role):
         return jnp.stack([jnp.asarray(_float_array(source.load(names[role][j]), names[role][j],
                                                    HF_GATE_UP_LAYOUT)).T for j in range(count)])
-    experts = _experts.pack_expert_weights(stacked("gate"), stacked("up"), dtype=dtype)
+    experts = _layout.pack_expert_weights(stacked("gate"), stacked("up"), dtype=dtype)
     w_down = stacked("down")
     return experts, w_down if dtype is None else w_down.astype(dtype)
 
@@ -801,7 +801,7 @@ def hf_experts_checkpoint(layers: Mapping, *, gate: str = HF_EXPERT_GATE, up: st
             raise TypeError(f"layers[{layer}] must be (experts, w_down), as "
                             f"pack_hf_experts_checkpoint returns; got {type(pair).__name__}")
         experts, w_down = pair
-        gate_t, up_t = _experts.unpack_expert_weights(experts)  # [E, K, F]
+        gate_t, up_t = _layout.unpack_expert_weights(experts)  # [E, K, F]
         for role, stack in (("gate", gate_t), ("up", up_t), ("down", w_down)):
             for j in range(stack.shape[0]):
                 tensors[roles[role].format(i=layer, j=j)] = np.ascontiguousarray(

@@ -440,6 +440,137 @@ def check_gspmd_partitioner(mesh):
         jax.config.update("jax_use_shardy_partitioner", shardy)
 
 
+# --- expert parallelism -------------------------------------------------------------------
+
+EXPERTS, EXPERT_F, EXPERT_ROWS = 16, 128, 200
+
+
+@functools.cache
+def expert_inputs():
+    """Unsharded x, packed experts and w_down (bf16), three routings (skewed with empty
+    experts and rows past the sum; negative sizes and a sum over T; every row on one expert)
+    and the single-device results for each."""
+    keys = jax.random.split(jax.random.key(1), 4)
+    x = jax.random.normal(keys[0], (EXPERT_ROWS, K)).astype(jnp.bfloat16)
+    w_gate, w_up = ((jax.random.normal(key, (EXPERTS, K, EXPERT_F)) / np.sqrt(K))
+                    .astype(jnp.bfloat16) for key in keys[1:3])
+    w_down = (jax.random.normal(keys[3], (EXPERTS, EXPERT_F, K)) / np.sqrt(EXPERT_F)
+              ).astype(jnp.bfloat16)
+    experts = jax_swiglu.pack_expert_weights(w_gate, w_up)
+    skewed = np.zeros(EXPERTS, np.int32)
+    skewed[[1, 2, 3, 5, 8, 9, 10, 11, 12, 13, 15]] = [90, 7, 3, 11, 20, 1, 9, 13, 5, 2, 19]
+    over = np.full(EXPERTS, 17, np.int32)
+    over[[0, 6]] = -4
+    single = np.zeros(EXPERTS, np.int32)
+    single[11] = EXPERT_ROWS
+    routings = [jnp.asarray(sizes) for sizes in (skewed, over, single)]
+    results = [(jax.jit(jax_swiglu.grouped_swiglu)(x, experts, sizes),
+                jax.jit(jax_swiglu.grouped_fused_mlp)(x, experts, w_down, sizes))
+               for sizes in routings]
+    return dict(x=x, experts=experts, w_down=w_down, routings=routings, results=results)
+
+
+def check_expert_parallel(mesh):
+    """expert_axis='model': each device holds E / devices experts and runs only their rows;
+    the result is the single-device call's bit for bit, replicated, for every routing; the
+    only communication is one all-reduce of the result over the expert axis (the experts
+    are never gathered). The same inside the user's own shard_map (experts already local),
+    and with the mesh passed instead of set."""
+    data = expert_inputs()
+    shards = mesh.shape["model"]
+    experts = put_packed(mesh, data["experts"], "model")
+    w_down = put(mesh, data["w_down"], "model")
+    swiglu_ep = functools.partial(jax_swiglu.grouped_swiglu, expert_axis="model")
+    mlp_ep = functools.partial(jax_swiglu.grouped_fused_mlp, expert_axis="model")
+    with jax.set_mesh(mesh):
+        for sizes, (y, out) in zip(data["routings"], data["results"]):
+            assert_equal(jax.jit(swiglu_ep)(data["x"], experts, sizes), y)
+            result = jax.jit(mlp_ep)(data["x"], experts, w_down, sizes)
+            assert_equal(result, out)
+            assert_spec(result, mesh)
+        sizes = data["routings"][0]
+        for fn, args, width in ((swiglu_ep, (data["x"], experts, sizes), EXPERT_F),
+                                (mlp_ep, (data["x"], experts, w_down, sizes), K)):
+            found = collectives(compiled_hlo(fn, *args))
+            expected = [("all-reduce", [EXPERT_ROWS, width], shards)] if shards > 1 else []
+            assert [(kind, dims(shape), size) for kind, shape, size in found] == expected, found
+        # Replicated experts are split, not gathered.
+        assert_equal(jax.jit(mlp_ep)(data["x"], data["experts"], data["w_down"], sizes),
+                     data["results"][0][1])
+    with_mesh = functools.partial(jax_swiglu.grouped_fused_mlp, expert_axis="model", mesh=mesh)
+    assert_equal(jax.jit(with_mesh)(data["x"], experts, w_down, sizes), data["results"][0][1])
+
+    def own_experts(x, packed_data, w_down, sizes):
+        own = jax_swiglu.PackedExperts.from_packed_data(packed_data, EXPERT_F)
+        return jax_swiglu.grouped_fused_mlp(x, own, w_down, sizes, expert_axis="model")
+
+    inside = jax.shard_map(own_experts, mesh=mesh,
+                           in_specs=(P(), P("model"), P("model"), P()), out_specs=P())
+    assert_equal(jax.jit(inside)(data["x"], experts.data, w_down, sizes), data["results"][0][1])
+
+
+def check_expert_parallel_lowers_to_local_kernel_calls(mesh):
+    """Lowered for CUDA, each device calls the grouped kernel once, on its own experts."""
+    require_kernels()
+    data = expert_inputs()
+    shards = mesh.shape["model"]
+    experts = put_packed(mesh, data["experts"], "model")
+    with jax.set_mesh(mesh):
+        text = jax.jit(functools.partial(jax_swiglu.grouped_swiglu, expert_axis="model")).trace(
+            data["x"], experts, data["routings"][0]).lower(lowering_platforms=("cuda",)).as_text()
+    calls = re.findall(r"custom_call @(jax_swiglu_\w+)\((.*)", text)
+    assert [target for target, _ in calls] == ["jax_swiglu_grouped_silu_bf16"], calls
+    local = (f"tensor<{EXPERT_ROWS}x{K}xbf16>, "
+             f"tensor<{EXPERTS // shards}x{K}x{2 * EXPERT_F}xbf16>, "
+             f"tensor<{EXPERTS // shards}xi32>")
+    assert local in calls[0][1], calls
+
+
+def check_expert_parallel_errors(mesh):
+    """A missing mesh, an axis the mesh lacks, experts that do not split evenly and global
+    group sizes of the wrong length inside shard_map: errors that say so."""
+    data = expert_inputs()
+    x, sizes = data["x"], data["routings"][0]
+    call = functools.partial(jax_swiglu.grouped_swiglu, expert_axis="model")
+    expect_error(lambda: jax.jit(call)(x, data["experts"], sizes),
+                 "not an axis of the current mesh (none is set")
+    with jax.set_mesh(mesh):
+        expect_error(lambda: jax.jit(functools.partial(
+            jax_swiglu.grouped_swiglu, expert_axis="experts"))(x, data["experts"], sizes),
+            "its axes are ('data', 'model')")
+        if mesh.shape["model"] > 1:
+            six = jax_swiglu.pack_expert_weights(*jax_swiglu.unpack_expert_weights(
+                data["experts"]))
+            six = jax.tree.map(lambda a: a[:6], six)
+            expect_error(lambda: jax.jit(call)(x, six, sizes[:6]),
+                         "6 experts do not split evenly")
+    inside = jax.shard_map(
+        lambda x, d, s: call(x, jax_swiglu.PackedExperts.from_packed_data(d, EXPERT_F), s),
+        mesh=mesh, in_specs=(P(), P("model"), P()), out_specs=P())
+    expect_error(lambda: jax.jit(inside)(x, put(mesh, data["experts"].data, "model"),
+                                         sizes[:8]),
+                 "one size per expert of the whole call")
+
+
+def check_expert_parallel_flax_blocks(mesh):
+    """The nnx and linen expert blocks with expert_axis: the same outputs as without, their
+    weights split over the axis by their 'expert' logical name."""
+    from flax import nnx
+
+    from jax_swiglu import nn as swiglu_nn
+    data = expert_inputs()
+    sizes, expected = data["routings"][0], data["results"][0][1]
+    experts = put_packed(mesh, data["experts"], "model")
+    w_down = put(mesh, data["w_down"], "model")
+    block = swiglu_nn.FusedExpertsMLP.from_experts(experts, w_down, expert_axis="model")
+    with jax.set_mesh(mesh):
+        assert_equal(nnx.jit(lambda b, x, s: b(x, s))(block, data["x"], sizes), expected)
+        linen_block = swiglu_nn.linen.FusedExpertsMLP(EXPERT_F, EXPERTS, expert_axis="model")
+        params = {"params": {"gate_up_packed": {"kernel": experts.data},
+                             "down_proj": {"kernel": w_down}}}
+        assert_equal(jax.jit(linen_block.apply)(params, data["x"], sizes), expected)
+
+
 # name -> (check, mesh shape, axis type)
 CHECKS = {}
 for _check in (check_column_parallel, check_tensor_parallel_mlp, check_k_sharded_x_is_gathered,
@@ -447,7 +578,9 @@ for _check in (check_column_parallel, check_tensor_parallel_mlp, check_k_sharded
                check_shard_map_lowers_to_local_kernel_call,
                check_shard_map_of_padded_n_is_refused, check_vmap,
                check_pack_sharded_weights, check_pack_refuses_split_pairs,
-               check_bad_n_split_is_a_clear_error, check_fp8_column_parallel):
+               check_bad_n_split_is_a_clear_error, check_fp8_column_parallel,
+               check_expert_parallel, check_expert_parallel_lowers_to_local_kernel_calls,
+               check_expert_parallel_errors, check_expert_parallel_flax_blocks):
     for _shape in MESH_SHAPES:
         for _axis_type in AXIS_TYPES:
             CHECKS[f"{_check.__name__[6:]}[{_shape[0]}x{_shape[1]}-{_axis_type}]"] = (

@@ -186,6 +186,8 @@ class FusedExpertsMLP(nn.Module):
       dtype: the computation and output dtype (any float); param_dtype: the stored one.
       activation: as in :func:`jax_swiglu.swiglu`.
       kernel_init: draws gate, up, down ``[E, in, out]``; LeCun normal over ``in`` by default.
+      expert_axis: a mesh axis the experts are split over (expert parallelism: each device
+        runs its own experts' rows; :func:`jax_swiglu.grouped_fused_mlp`), or None.
     """
 
     intermediate_size: int
@@ -194,6 +196,7 @@ class FusedExpertsMLP(nn.Module):
     param_dtype: Any = jnp.bfloat16
     activation: str = "silu"
     kernel_init: Initializer = default_expert_kernel_init
+    expert_axis: str | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -205,7 +208,7 @@ class FusedExpertsMLP(nn.Module):
             key_gate, key_up = jax.random.split(key)
             gate = self.kernel_init(key_gate, (e, k, n), self.param_dtype)
             up = self.kernel_init(key_up, (e, k, n), self.param_dtype)
-            return nn.LogicallyPartitioned(_experts.pack_expert_weights(gate, up).data,
+            return nn.LogicallyPartitioned(_layout.pack_expert_weights(gate, up).data,
                                            _common.EXPERT_GATE_UP_AXES)
 
         def init_down(key):
@@ -214,6 +217,7 @@ class FusedExpertsMLP(nn.Module):
 
         gate_up = Projection(init_gate_up, name="gate_up_packed")()
         down = Projection(init_down, name="down_proj")()
-        experts = _experts.PackedExperts.from_packed_data(gate_up.astype(self.dtype), n)
+        experts = _layout.PackedExperts.from_packed_data(gate_up.astype(self.dtype), n)
         return _experts.grouped_fused_mlp(x.astype(self.dtype), experts, down.astype(self.dtype),
-                                          group_sizes, activation=self.activation)
+                                          group_sizes, activation=self.activation,
+                                          expert_axis=self.expert_axis)
