@@ -76,6 +76,8 @@ def _fan_in(owner, name: str, shape) -> int:
     if spec:
         x_spec, w_spec = spec.split("->")[0].split(",")
         return math.prod(size for size, axis in zip(shape, w_spec) if axis in x_spec)
+    if len(shape) == 3:  # experts' weights, [E, in, out]
+        return shape[1]
     return shape[0]  # nnx.Linear: [in, out]
 
 

@@ -13,6 +13,7 @@ the original within bf16 rounding (the original rounds after each dot and the ac
 the fused block once in fp32).
 """
 
+import dataclasses
 import re
 
 import jax
@@ -24,6 +25,7 @@ pytest.importorskip("flax", reason="jax_swiglu.nn needs flax: pip install jax_sw
 import flax  # noqa: E402
 from flax import nnx  # noqa: E402
 
+import jax_swiglu  # noqa: E402
 from jax_swiglu.nn import FusedSwiGLUMLP, SwiGLUMLP, swap_mlp_blocks  # noqa: E402
 
 from helpers import random_x  # noqa: E402
@@ -269,6 +271,115 @@ def test_refuses_bad_arguments(options, error):
     _assert_untouched(model)
 
 
+# --- mixture-of-experts layers shaped like tunix's Qwen3 MoELayer ------------------------------
+
+class RoutedExperts(nnx.Module):
+    """tunix's Qwen3 MoELayer on its dense path: a bias-free router, softmax over the experts
+    in float32, the top-k renormalized and rounded, every expert's gated MLP in bf16 (rounded
+    after each op), combined by the routing weights."""
+
+    def __init__(self, k, f, experts, top_k, rngs, *, dtype=jnp.bfloat16, router_bias=False):
+        self.router = nnx.Linear(k, experts, use_bias=router_bias, dtype=dtype, param_dtype=dtype,
+                                 kernel_init=nnx.initializers.normal(stddev=k ** -0.5), rngs=rngs)
+        draw = lambda shape, fan_in: nnx.Param(  # noqa: E731
+            nnx.initializers.normal(stddev=fan_in ** -0.5)(rngs.params(), shape, dtype))
+        self.gate_proj = draw((experts, k, f), k)
+        self.up_proj = draw((experts, k, f), k)
+        self.down_proj = draw((experts, f, k), f)
+        self.experts_per_tok, self.num_experts, self.dtype = top_k, experts, dtype
+
+    def __call__(self, x):
+        scores = self.router(x).astype(jnp.float32)
+        weights, chosen = jax.lax.top_k(jax.nn.softmax(scores, axis=-1), self.experts_per_tok)
+        weights = (weights / jnp.sum(weights, -1, keepdims=True)).astype(self.dtype)
+        per_expert = jnp.einsum("...k,...ke->...e", weights,
+                                jax.nn.one_hot(chosen, self.num_experts, dtype=self.dtype))
+        outputs = jnp.stack([(nnx.silu(x @ self.gate_proj[e]) * (x @ self.up_proj[e]))
+                             @ self.down_proj[e] for e in range(self.num_experts)], axis=-2)
+        return jnp.einsum("...ed,...e->...d", outputs, per_expert)
+
+
+def moe_decoder(k=64, f=96, experts=8, top_k=2, layers=2, seed=0, **options):
+    rngs = nnx.Rngs(seed)
+    return Decoder([RoutedExperts(k, f, experts, top_k, rngs, **options) for _ in range(layers)],
+                   extra={"dense": GatedMLP(k, 128, rngs)})
+
+
+def test_swap_moe_blocks_keeps_the_model_output(key):
+    from jax_swiglu.nn import FusedExpertsMLP, FusedMoE, swap_moe_blocks
+    model = moe_decoder()
+    x = random_x(key, (2, 9, 64))
+    before = model(x)
+    routers = [layer.mlp.router for layer in model.layers]
+    weights = [{name: getattr(layer.mlp, name)[...] for name in ("gate_proj", "up_proj",
+                                                                  "down_proj")}
+               for layer in model.layers]
+    assert swap_moe_blocks(model) == 2
+    for layer, router, w in zip(model.layers, routers, weights):
+        assert isinstance(layer.mlp, FusedMoE) and layer.mlp.router is router
+        assert layer.mlp.top_k == 2 and isinstance(layer.mlp.experts, FusedExpertsMLP)
+        gate, up = jax_swiglu.unpack_expert_weights(layer.mlp.experts.packed_experts())
+        np.testing.assert_array_equal(gate, w["gate_proj"])
+        np.testing.assert_array_equal(up, w["up_proj"])
+        np.testing.assert_array_equal(layer.mlp.experts.down_proj.kernel[...], w["down_proj"])
+    assert isinstance(model.extra["dense"], GatedMLP)  # a dense block is not an MoE layer
+    after = model(x)
+    assert after.dtype == before.dtype and after.shape == before.shape
+    assert relative_fro(after, before) <= MODEL_REL_FRO
+    np.testing.assert_allclose(np.asarray(after, np.float32), np.asarray(before, np.float32),
+                               atol=MODEL_MAX_ABS * float(jnp.max(jnp.abs(before))), rtol=0)
+    graphdef, state = nnx.split(model)
+    text = str(jax.make_jaxpr(lambda s, x: nnx.merge(graphdef, s)(x))(state, x))
+    assert len(re.findall(r"\bjax_swiglu_grouped\[", text)) == 2
+    # The dense block is swap_mlp_blocks's, which leaves the MoE layers alone.
+    assert swap_mlp_blocks(model) == 1
+
+
+def test_fused_moe_routes_without_renormalizing_when_asked(key):
+    """normalize_top_k=False (Qwen1.5/2-MoE, OLMoE) weights each chosen expert by its softmax
+    probability itself; the default renormalizes them to sum to 1, as the layer here does."""
+    from jax_swiglu.nn import swap_moe_blocks
+    x = random_x(key, (12, 64))
+    model = Decoder([RoutedExperts(64, 96, 4, 2, nnx.Rngs(3))])
+    reference = model.layers[0].mlp(x)
+    unnormalized = nnx.clone(model)
+    swap_moe_blocks(model)
+    assert relative_fro(model.layers[0].mlp(x), reference) <= MODEL_REL_FRO
+    swap_moe_blocks(unnormalized, normalize_top_k=False)
+    fused = unnormalized.layers[0].mlp
+    weights, _ = fused.route(x)
+    probabilities = jax.nn.softmax(fused.router(x).astype(jnp.float32), axis=-1)
+    kept = jax.lax.top_k(probabilities, 2)[0]
+    np.testing.assert_allclose(np.asarray(weights, np.float32), np.asarray(kept), rtol=2.0 ** -7)
+    assert float(jnp.max(jnp.sum(kept, -1))) < 1.0
+    assert relative_fro(fused(x), reference) > MODEL_REL_FRO
+
+
+def test_swap_moe_blocks_refuses_what_it_cannot_convert():
+    from jax_swiglu.nn import swap_moe_blocks
+    with pytest.raises(ValueError, match=r"layers\.0\.mlp\.router has a bias"):
+        swap_moe_blocks(moe_decoder(router_bias=True))
+    model = moe_decoder()
+    model.layers[1].mlp.scale = nnx.Param(jnp.ones((64,), jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"layers\.1\.mlp holds state besides .*scale"):
+        swap_moe_blocks(model)
+    assert isinstance(model.layers[0].mlp, RoutedExperts)  # nothing swapped on a refusal
+    model = moe_decoder()
+    for layer in model.layers:
+        del layer.mlp.experts_per_tok
+    with pytest.raises(ValueError, match="pass top_k="):
+        swap_moe_blocks(model)
+    assert swap_moe_blocks(model, top_k=2) == 2
+    with pytest.raises(ValueError, match="computes in float32"):
+        swap_moe_blocks(moe_decoder(dtype=jnp.float32))
+    with pytest.raises(ValueError, match="found no mixture-of-experts layer"):
+        swap_moe_blocks(decoder())
+    with pytest.raises(ValueError, match="found no gated MLP block"):
+        swap_mlp_blocks(Decoder([RoutedExperts(64, 96, 8, 2, nnx.Rngs(0))]))
+    with pytest.raises(ValueError, match="top_k=9 but the layer has 8 experts"):
+        swap_moe_blocks(moe_decoder(), top_k=9)
+
+
 # --- tunix's Llama 3 and Gemma (optional) ------------------------------------------------------
 
 def _tunix_model(name):
@@ -442,3 +553,45 @@ def test_model_swap_benchmark_runs_tiny(llama3, tmp_path):
                                                         ("decode", 2)]
     assert calls[0]["logits"]["within_bf16_tolerance"]
     assert all(c["logits"]["rel_fro"] <= MODEL_REL_FRO for c in calls)
+
+
+# --- tunix's Qwen3-MoE (optional) --------------------------------------------------------------
+
+@pytest.fixture
+def qwen3():
+    yield from _tunix_model("qwen3")
+
+
+@pytest.mark.tunix
+def test_tunix_qwen3_moe_logits_survive_the_swap(qwen3, key):
+    """tunix's Qwen3 with MoE layers (Qwen3-30B-A3B's routing: top-k of the softmax,
+    renormalized), random bf16 weights: swap_moe_blocks replaces every MoELayer, and the
+    logits stay within the bf16 tolerance of the original's (its dense path on the CPU)."""
+    from benchmarks import model_swap
+    from jax_swiglu.nn import FusedMoE, swap_moe_blocks
+
+    config = qwen3.ModelConfig(num_layers=2, vocab_size=512, embed_dim=128, hidden_dim=96,
+                               num_heads=4, head_dim=32, num_kv_heads=2, rope_theta=1_000_000,
+                               norm_eps=1e-6, num_experts=8, num_experts_per_tok=2,
+                               dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    tokens, positions, mask = causal_inputs(2, 16, config.vocab_size, key)
+
+    def logits(model):
+        return model(tokens, positions, None, mask)[0].astype(jnp.float32)
+
+    model = model_swap.random_model(lambda rngs: qwen3.Qwen3(config, rngs=rngs), seed=0)
+    assert all(isinstance(layer.mlp, qwen3.MoELayer) for layer in model.layers)
+    original = logits(model)
+    # bf16's own error: the same weights in a float32 model (the config's dtype is what
+    # tunix computes in, whatever the params').
+    in_float32 = nnx.eval_shape(lambda: qwen3.Qwen3(
+        dataclasses.replace(config, dtype=jnp.float32, param_dtype=jnp.float32),
+        rngs=nnx.Rngs(0)))
+    nnx.update(in_float32, nnx.state(model_swap.cast_params(model, jnp.float32)))
+    with jax.default_matmul_precision("highest"):
+        exact = logits(in_float32)
+
+    assert swap_moe_blocks(model) == config.num_layers
+    assert all(isinstance(layer.mlp, FusedMoE) and layer.mlp.top_k == 2
+               for layer in model.layers)
+    assert_logits_within_bf16(logits(model), original, exact)

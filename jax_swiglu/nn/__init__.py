@@ -6,6 +6,9 @@ Needs flax (``pip install 'jax_swiglu[flax]'``); ``import jax_swiglu`` does not.
   XLA reference (also as :mod:`jax_swiglu.nn.nnx`); :mod:`jax_swiglu.nn.linen` has both
   for ``flax.linen``.
 * :class:`Fp8SwiGLUMLP`: the block with gate/up in fp8 (``Fp8SwiGLUMLP.quantize(mlp)``).
+* Mixture of experts: :class:`FusedExpertsMLP` (the experts, router left to the model; also
+  in linen) and :class:`FusedMoE` (router, top-k routing and the experts);
+  :func:`swap_mlp_blocks` / :func:`swap_moe_blocks` swap a model's blocks in place.
 * Param conversion, exact both ways: :func:`fuse_params` / :func:`unfuse_params`
   (gate_proj/up_proj/down_proj kernels, [in, out]), :func:`fuse_hf_weights` /
   :func:`fused_to_hf_weights` (Hugging Face tensors, [out, in]), and
@@ -31,14 +34,16 @@ from ._common import (
     unfuse_mlp_blocks,
     unfuse_params,
 )
-from .nnx import Fp8SwiGLUMLP, FusedExpertsMLP, FusedSwiGLUMLP, QuantizedParam, SwiGLUMLP
-from .swap import swap_mlp_blocks
+from .nnx import (Fp8SwiGLUMLP, FusedExpertsMLP, FusedMoE, FusedSwiGLUMLP, QuantizedParam,
+                  SwiGLUMLP)
+from .swap import swap_mlp_blocks, swap_moe_blocks
 
 __all__ = [
     "EMBED",
     "MLP",
     "Fp8SwiGLUMLP",
     "FusedExpertsMLP",
+    "FusedMoE",
     "FusedSwiGLUMLP",
     "QuantizedParam",
     "SwiGLUMLP",
@@ -49,6 +54,7 @@ __all__ = [
     "linen",
     "nnx",
     "swap_mlp_blocks",
+    "swap_moe_blocks",
     "unfuse_mlp_blocks",
     "unfuse_params",
 ]

@@ -511,7 +511,8 @@ class FusedExpertsMLP(nnx.Module):
     The router, the sort of tokens by expert and the weighted combine stay in the model: a
     call takes ``x`` ``[T, K]`` sorted by expert and ``group_sizes`` ``[E]`` int32 (the
     ``jax.lax.ragged_dot`` convention) and returns ``[T, K]``, rows past the groups zero.
-    Runs on the XLA path (no grouped fused kernel is built yet: :meth:`explain` says so).
+    The gate/up step runs the grouped fused kernel where it can (:meth:`explain` says what
+    runs), the down projection a ``ragged_dot``.
 
     Params, with logical axis names:
 
@@ -527,12 +528,15 @@ class FusedExpertsMLP(nnx.Module):
         normal over ``in`` with the expert axis a batch axis.
       rngs: draws random weights; or params: ``{"gate_up_packed": {"kernel": ...},
         "down_proj": {"kernel": ...}}`` (:meth:`from_experts` builds them).
+      expert_axis: a mesh axis the experts are split over (expert parallelism: each device
+        runs its own experts' rows; :func:`jax_swiglu.grouped_fused_mlp`), or None.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, *,
                  dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, activation: str = "silu",
                  kernel_init: Initializer = default_expert_kernel_init,
-                 rngs: nnx.Rngs | None = None, params: Mapping | None = None):
+                 rngs: nnx.Rngs | None = None, params: Mapping | None = None,
+                 expert_axis: str | None = None):
         if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
             raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
         _common.check_activation(activation)
@@ -544,7 +548,7 @@ class FusedExpertsMLP(nnx.Module):
         def draw(rngs):
             gate, up, down = (_draw(kernel_init, rngs.params(), shape, param_dtype)[0]
                               for shape in ((e, k, n), (e, k, n), (e, n, k)))
-            return {"gate_up_packed": {"kernel": _experts.pack_expert_weights(gate, up).data},
+            return {"gate_up_packed": {"kernel": _layout.pack_expert_weights(gate, up).data},
                     "down_proj": {"kernel": down}}
 
         kernels = _weights(params, rngs, draw,
@@ -557,27 +561,29 @@ class FusedExpertsMLP(nnx.Module):
         self.dtype = jnp.dtype(dtype)
         self.param_dtype = jnp.dtype(param_dtype)
         self.activation = activation
+        self.expert_axis = expert_axis
 
     @classmethod
-    def from_experts(cls, experts: _experts.PackedExperts, w_down, *, dtype=None,
-                     activation: str = "silu") -> FusedExpertsMLP:
+    def from_experts(cls, experts: _layout.PackedExperts, w_down, *, dtype=None,
+                     activation: str = "silu", expert_axis: str | None = None
+                     ) -> FusedExpertsMLP:
         """From :class:`~jax_swiglu.PackedExperts` and ``w_down`` ``[E, F, K]``, as
         :func:`jax_swiglu.convert.pack_hf_experts_checkpoint` returns them; ``dtype``
         defaults to theirs."""
-        experts = _experts._as_experts(experts)
+        experts = _layout._as_experts(experts)
         w_down = jnp.asarray(w_down)
         if w_down.shape != (experts.experts, experts.n, experts.k):
             raise ValueError(f"w_down must be [E, F, K] = {(experts.experts, experts.n, experts.k)}"
                              f" for these experts, got {tuple(w_down.shape)}")
         return cls(experts.k, experts.n, experts.experts,
                    dtype=experts.dtype if dtype is None else dtype, param_dtype=experts.dtype,
-                   activation=activation,
+                   activation=activation, expert_axis=expert_axis,
                    params={"gate_up_packed": {"kernel": experts.data},
                            "down_proj": {"kernel": w_down}})
 
-    def packed_experts(self) -> _experts.PackedExperts:
+    def packed_experts(self) -> _layout.PackedExperts:
         """The stored gate/up weights as :class:`jax_swiglu.PackedExperts`."""
-        return _experts.PackedExperts.from_packed_data(self.gate_up_packed.kernel.get_value(),
+        return _layout.PackedExperts.from_packed_data(self.gate_up_packed.kernel.get_value(),
                                                        self.intermediate_size)
 
     def explain(self, x, group_sizes, *, platform: str | None = None) -> str:
@@ -586,7 +592,7 @@ class FusedExpertsMLP(nnx.Module):
         data = jax.ShapeDtypeStruct(self.gate_up_packed.kernel.shape, self.dtype)
         return _experts.explain_grouped(
             jax.ShapeDtypeStruct(x.shape, self.dtype),
-            _experts.PackedExperts._wrap(data, self.intermediate_size, _layout.LAYOUT),
+            _layout.PackedExperts._wrap(data, self.intermediate_size, _layout.LAYOUT),
             group_sizes, activation=self.activation, platform=platform)
 
     def __call__(self, x: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -597,8 +603,72 @@ class FusedExpertsMLP(nnx.Module):
             raise ValueError("the expert kernels hold no weights, only their shape (a module "
                              "built under nnx.eval_shape): load them first, nnx.update(module, "
                              "state)")
-        experts = _experts.PackedExperts.from_packed_data(gate_up.astype(self.dtype),
+        experts = _layout.PackedExperts.from_packed_data(gate_up.astype(self.dtype),
                                                           self.intermediate_size)
         return _experts.grouped_fused_mlp(jnp.asarray(x).astype(self.dtype), experts,
                                           down.astype(self.dtype), group_sizes,
-                                          activation=self.activation)
+                                          activation=self.activation,
+                                          expert_axis=self.expert_axis)
+
+
+class FusedMoE(nnx.Module):
+    """A mixture-of-experts MLP layer: the model's router, top-k softmax routing, and
+    :class:`FusedExpertsMLP` for the experts (what :func:`jax_swiglu.nn.swap_moe_blocks` puts
+    in place of a model's MoE layer).
+
+    A call on ``x`` ``[..., K]``: router logits in float32, ``softmax`` over the experts,
+    the ``top_k`` largest (renormalized to sum to 1 with ``normalize_top_k``: Qwen3-MoE,
+    Mixtral, tunix; not Qwen1.5/2-MoE, OLMoE), the weights rounded to the computation dtype;
+    each token's rows sorted by expert (stably), the experts run as one grouped call, the rows
+    unsorted, and the weighted sum over the ``top_k`` in float32, rounded once.
+
+    Args:
+      router: the model's router, called on ``x`` ``[T, K]`` for ``[T, E]`` logits (an
+        ``nnx.Linear`` without bias); kept as it is.
+      experts: the experts (:class:`FusedExpertsMLP`, E of them).
+      top_k: experts per token.
+      normalize_top_k: renormalize the chosen experts' probabilities.
+    """
+
+    def __init__(self, router: nnx.Module, experts: FusedExpertsMLP, top_k: int, *,
+                 normalize_top_k: bool = True):
+        if not isinstance(experts, FusedExpertsMLP):
+            raise TypeError(f"experts must be a FusedExpertsMLP, got {type(experts).__name__}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not \
+                1 <= top_k <= experts.num_experts:
+            raise ValueError(f"top_k must be an int in [1, {experts.num_experts}] (the experts), "
+                             f"got {top_k!r}")
+        self.router = router
+        self.experts = experts
+        self.top_k = top_k
+        self.normalize_top_k = bool(normalize_top_k)
+
+    def route(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``x`` ``[T, K]`` -> (weights ``[T, top_k]`` in the computation dtype, chosen
+        experts ``[T, top_k]`` int32)."""
+        scores = self.router(x).astype(jnp.float32)
+        if scores.shape[-1] != self.experts.num_experts:
+            raise ValueError(f"the router gives {scores.shape[-1]} logits per token, but there "
+                             f"are {self.experts.num_experts} experts")
+        weights, chosen = jax.lax.top_k(jax.nn.softmax(scores, axis=-1), self.top_k)
+        if self.normalize_top_k:
+            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        return weights.astype(self.experts.dtype), chosen.astype(jnp.int32)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``[..., K]`` -> ``[..., K]`` in the experts' computation dtype."""
+        x = jnp.asarray(x)
+        k = self.experts.hidden_size
+        if x.ndim < 1 or x.shape[-1] != k:
+            raise ValueError(f"x must be [..., {k}] (the experts' hidden size), got "
+                             f"{tuple(x.shape)}")
+        tokens = x.reshape(-1, k)
+        weights, chosen = self.route(tokens)
+        flat = chosen.reshape(-1)
+        order = jnp.argsort(flat, stable=True)
+        sizes = jnp.bincount(flat, length=self.experts.num_experts).astype(jnp.int32)
+        rows = jnp.repeat(tokens, self.top_k, axis=0, total_repeat_length=flat.shape[0])
+        y = self.experts(rows[order], sizes)
+        y = y[jnp.argsort(order)].reshape(tokens.shape[0], self.top_k, k)
+        out = jnp.einsum("tk,tkd->td", weights, y, preferred_element_type=jnp.float32)
+        return out.astype(self.experts.dtype).reshape(x.shape)

@@ -1,4 +1,5 @@
-"""Swap the gated MLP blocks of an existing ``flax.nnx`` model for :class:`FusedSwiGLUMLP`.
+"""Swap the gated MLP blocks of an existing ``flax.nnx`` model for :class:`FusedSwiGLUMLP`,
+and its mixture-of-experts layers for :class:`FusedMoE`.
 
 nnx models of the Llama family (tunix's Llama 3, Qwen 2/3 and Gemma 1/3/4, and this
 package's :class:`~jax_swiglu.nn.SwiGLUMLP`) keep each MLP as a module holding three
@@ -10,6 +11,13 @@ holding the same weights, gate and up packed once. Its ``__call__(x)`` is the bl
 The activation is in the block's code, which the helper cannot read: the caller names it
 (``"silu"`` for Llama and Qwen, ``"gelu_tanh"`` for Gemma's ``nnx.gelu``). A block that
 states its activation in an attribute (``activation``, ``act_fn``, ...) is checked against it.
+
+A mixture-of-experts layer (tunix's Qwen3 ``MoELayer``) holds a ``router`` layer and the
+experts' weights as bare params, ``gate_proj`` and ``up_proj`` ``[E, K, F]`` and ``down_proj``
+``[E, F, K]``, and routes each token to its top-k experts by the router's softmax.
+:func:`swap_moe_blocks` replaces every such layer by a :class:`FusedMoE` with the same router
+and weights; the routing is in the layer's code too, so the caller states whether the chosen
+experts' probabilities are renormalized (``normalize_top_k``).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from flax import nnx
 
 from .. import _layout, _reference, selection
 from . import _common
-from .nnx import FusedSwiGLUMLP
+from .nnx import FusedExpertsMLP, FusedMoE, FusedSwiGLUMLP
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -34,6 +42,7 @@ class _Block:
         self.path = path
         self.references: list[tuple[object, object]] = []  # (parent, key)
         self.dtype = None
+        self.top_k = None  # a mixture-of-experts layer's experts per token
 
 
 def _path(keys) -> str:
@@ -47,8 +56,10 @@ def _is_gated_mlp(node) -> bool:
         isinstance(getattr(node, name, None), nnx.Module) for name in PROJECTIONS)
 
 
-def _find_blocks(model) -> list[_Block]:
-    """Every gated MLP in ``model``'s graph, once each, with every reference to it."""
+def _find_blocks(model, is_block=None, kind: str = "gated MLP block") -> list[_Block]:
+    """Every block (by default, gated MLP) in ``model``'s graph, once each, with every
+    reference to it."""
+    is_block = is_block or _is_gated_mlp
     blocks: dict[int, _Block] = {}
     walked: set[int] = set()
 
@@ -57,15 +68,15 @@ def _find_blocks(model) -> list[_Block]:
             return
         walked.add(id(node))
         for key, child in nnx.iter_children(node):
-            if _is_gated_mlp(child):
+            if is_block(child):
                 block = blocks.setdefault(id(child), _Block(child, _path((*keys, key))))
                 block.references.append((node, key))
             elif isinstance(child, nnx.Module):
                 walk(child, (*keys, key))
 
-    if _is_gated_mlp(model):
-        raise ValueError("the model itself is a gated MLP block, which cannot be swapped in "
-                         "place: build FusedSwiGLUMLP.from_params(fuse_params(...)) from it")
+    if is_block(model):
+        raise ValueError(f"the model itself is a {kind}, which cannot be swapped in place: "
+                         "build the fused module from its weights instead")
     walk(model, ())
     return list(blocks.values())
 
@@ -194,6 +205,135 @@ def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str 
     # One at a time, so the old block's weights can go before the next is packed.
     for block in blocks:
         fused = _convert(block, kernel, activation)
+        for parent, key in block.references:
+            _replace(parent, key, fused)
+        block.module = None
+    return len(blocks)
+
+
+# --- mixture-of-experts layers -----------------------------------------------------------------
+
+TOP_K_ATTRIBUTES = ("experts_per_tok", "num_experts_per_tok", "top_k")
+
+
+def _is_moe_layer(node) -> bool:
+    # A router layer beside the experts' bare [E, ., .] params (not layers: that is a dense MLP).
+    return (isinstance(node, nnx.Module) and isinstance(getattr(node, "router", None), nnx.Module)
+            and all(isinstance(getattr(node, name, None), nnx.Variable)
+                    and getattr(getattr(node, name), "ndim", None) == 3 for name in PROJECTIONS))
+
+
+def _check_moe(block: _Block, top_k, activation: str, dtype) -> None:
+    """Raises ValueError, naming the layer, unless it converts exactly; sets its dtype and
+    top_k."""
+    module, where = block.module, block.path
+    router = module.router
+    kernel = getattr(router, "kernel", None)
+    if not isinstance(kernel, nnx.Variable) or getattr(kernel, "ndim", None) != 2:
+        raise ValueError(f"{where}.router is a {type(router).__name__} without a 2-D kernel "
+                         "param; only a linear router ([in, experts] kernel) converts")
+    if getattr(router, "bias", None) is not None:
+        raise ValueError(f"{where}.router has a bias, which FusedMoE's routing does not add")
+    extra = sorted(_path(keys) for keys, _ in nnx.to_flat_state(nnx.state(module))
+                   if tuple(keys) not in {(name,) for name in PROJECTIONS} | {("router", "kernel")})
+    if extra:
+        raise ValueError(f"{where} holds state besides the router and expert weights "
+                         f"({', '.join(extra)}), which FusedMoE would drop")
+    if top_k is None:
+        found = [getattr(module, name) for name in TOP_K_ATTRIBUTES
+                 if isinstance(getattr(module, name, None), int)]
+        if not found:
+            raise ValueError(f"{where} states no experts per token (none of "
+                             f"{', '.join(TOP_K_ATTRIBUTES)}): pass top_k=")
+        top_k = found[0]
+    stated = _common.stated_activation(module)
+    if stated is not None and stated[1] != activation:
+        raise ValueError(f"{where}.{stated[0]} is {getattr(module, stated[0])!r}, but "
+                         f"activation={activation!r} was asked for")
+    gate, up, down = (getattr(module, name) for name in PROJECTIONS)
+    e, k, f = gate.shape
+    shapes = {name: tuple(getattr(module, name).shape) for name in PROJECTIONS}
+    if shapes != {"gate_proj": (e, k, f), "up_proj": (e, k, f), "down_proj": (e, f, k)} \
+            or tuple(kernel.shape) != (k, e):
+        raise ValueError(f"{where}: weights {shapes} and router {tuple(kernel.shape)} are not "
+                         "gate/up [E, K, F], down [E, F, K] and router [K, E]")
+    if not 1 <= top_k <= e:
+        raise ValueError(f"{where}: top_k={top_k} but the layer has {e} experts")
+    try:
+        _layout.check_alignment(k, f)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    dtypes = {jnp.dtype(w.dtype) for w in (gate, up, down)}
+    if len(dtypes) != 1:
+        raise ValueError(f"{where}: the expert weights have different dtypes "
+                         f"{sorted(map(str, dtypes))}")
+    compute = dtype if dtype is not None else (getattr(module, "dtype", None) or dtypes.pop())
+    try:
+        _common.check_kernel_dtype(compute)
+    except TypeError:
+        raise ValueError(
+            f"{where} computes in {jnp.dtype(compute)}; FusedMoE computes in bfloat16 or "
+            "float16: pass dtype=jnp.bfloat16") from None
+    block.dtype = jnp.dtype(compute)
+    block.top_k = top_k
+
+
+def _convert_moe(block: _Block, activation: str, normalize_top_k: bool,
+                 expert_axis) -> FusedMoE:
+    module = block.module
+    gate, up, down = (getattr(module, name)[...] for name in PROJECTIONS)
+    experts = FusedExpertsMLP.from_experts(_layout.pack_expert_weights(gate, up), down,
+                                           dtype=block.dtype, activation=activation,
+                                           expert_axis=expert_axis)
+    return FusedMoE(module.router, experts, block.top_k, normalize_top_k=normalize_top_k)
+
+
+def swap_moe_blocks(model: nnx.Module, *, normalize_top_k: bool = True, top_k: int | None = None,
+                    activation: str = "silu", dtype=None, expert_axis: str | None = None) -> int:
+    """Replaces, in place, every mixture-of-experts layer of ``model`` by a :class:`FusedMoE`.
+
+    A layer is a submodule with a ``router`` linear layer (``[K, E]`` kernel, no bias) and the
+    experts' weights as params ``gate_proj`` and ``up_proj`` ``[E, K, F]`` and ``down_proj``
+    ``[E, F, K]`` (tunix's Qwen3 ``MoELayer``). The new layer keeps the router and computes
+    the same routing: softmax of the router's logits in float32, the top ``top_k``
+    (renormalized with ``normalize_top_k``), the experts as one grouped call
+    (:func:`jax_swiglu.grouped_fused_mlp`) and their weighted sum. All layers are checked
+    before any is replaced. What the old layer's code did besides (sharding constraints, a
+    TPU kernel path) is not carried over; ``expert_axis`` splits the experts over a mesh axis.
+
+    Args:
+      model: an ``nnx.Module``; it is modified.
+      normalize_top_k: whether the layers renormalize the chosen experts' probabilities to sum
+        to 1 (Qwen3-MoE, Mixtral and tunix do; Qwen1.5/2-MoE and OLMoE do not). The helper
+        cannot read the layers' code: a wrong value changes the outputs silently.
+      top_k: experts per token; by default the layer's ``experts_per_tok`` (tunix),
+        ``num_experts_per_tok`` or ``top_k`` attribute.
+      activation: what the experts apply to the gate (``"silu"`` for every model here).
+      dtype: the computation dtype (bfloat16 or float16); by default the layer's ``dtype``
+        attribute, else its weights' dtype.
+      expert_axis: as in :func:`jax_swiglu.grouped_fused_mlp`.
+
+    Returns:
+      The number of layers replaced.
+
+    Raises:
+      ValueError: naming the layer's path, if one cannot be converted exactly, or if none was
+        found.
+    """
+    _reference.check_activation(activation)
+    if dtype is not None:
+        _common.check_kernel_dtype(dtype)
+    if not isinstance(model, nnx.Module):
+        raise TypeError(f"swap_moe_blocks takes an nnx.Module, got {type(model).__name__}")
+    blocks = _find_blocks(model, _is_moe_layer, "mixture-of-experts layer")
+    if not blocks:
+        raise ValueError(
+            f"found no mixture-of-experts layer in the {type(model).__name__}: no submodule with "
+            f"a router layer and {', '.join(PROJECTIONS)} params [E, ., .]")
+    for block in blocks:
+        _check_moe(block, top_k, activation, dtype)
+    for block in blocks:
+        fused = _convert_moe(block, activation, normalize_top_k, expert_axis)
         for parent, key in block.references:
             _replace(parent, key, fused)
         block.module = None
