@@ -131,16 +131,17 @@ def _tokamax_variant():
     return run
 
 
-# XLA's ragged_dot holds a [rows, E, 2F]-sized intermediate: the fp32 spec checks a random
-# sample of rows where all of them would not fit in this many bytes.
-SPEC_BYTES = 8e9
+# XLA's ragged_dot runs as one dense dot over x spread to [rows, E * K] (and its autotuner
+# allocates that again): the fp32 spec checks a random sample of rows where all of them
+# would not fit in this many bytes.
+SPEC_BYTES = 4e9
 
 
 def _spec_sample(x, y, sizes, experts, f, rng):
     """(x, y, sizes) on a random sample of rows, sorted, with the sample's own group sizes, so
     that the spec's ragged_dot fits in SPEC_BYTES; all rows where they fit."""
     rows = x.shape[0]
-    limit = max(1, int(SPEC_BYTES // (experts * 2 * f * 4)))
+    limit = max(1, int(SPEC_BYTES // (experts * max(x.shape[1], 2 * f) * 4)))
     if rows <= limit:
         return x, y, sizes
     picked = np.sort(rng.choice(rows, limit, replace=False))
