@@ -174,20 +174,17 @@ def check_forced_launch(launch: _launch.Launch, problem: Problem, kernel: str = 
         raise ValueError(f"launch={launch}: {why}")
 
 
-def choose(problem: Problem, *, kernel: str = "auto", launch: _launch.Launch | None = None,
-           platform: str = "cuda") -> Choice:
-    """Picks what runs ``problem`` on ``platform``: a forced ``launch``, or a family's best
-    candidate (``kernel``, already resolved by ``requested_kernel``), or the engine's pick
-    among every candidate and the XLA path."""
 
-    kernel = canonical_kernel(kernel)
+def _no_fused_kernel(kernel: str, launch, platform: str) -> Choice | None:
+    """The XLA path's Choice where no fused kernel can run the call (kernel='xla', another
+    platform, no extension, no SM90 GPU), None where one can. A forced kernel or launch that
+    cannot run on CUDA is an error; elsewhere the reference is the only path."""
     if kernel == "xla":
         return Choice(None, "kernel='xla'", "override")
     forced = kernel != "auto" or launch is not None
     what = f"launch={launch}" if launch is not None else f"kernel={kernel!r}"
     if platform != "cuda":
         if forced:
-            # Forcing a kernel is for CUDA; elsewhere the reference is the only path.
             return Choice(None, f"{what} ignored on platform {platform!r}: no fused kernel there")
         return Choice(None, f"platform {platform!r} has no fused kernel")
     if not _native.kernels_available():
@@ -202,6 +199,18 @@ def choose(problem: Problem, *, kernel: str = "auto", launch: _launch.Launch | N
             raise RuntimeError(f"{what} was requested, but {why}")
         _warn_once(f"jax_swiglu: {why}; using the XLA path")
         return Choice(None, "GPU is not SM90")
+    return None
+
+def choose(problem: Problem, *, kernel: str = "auto", launch: _launch.Launch | None = None,
+           platform: str = "cuda") -> Choice:
+    """Picks what runs ``problem`` on ``platform``: a forced ``launch``, or a family's best
+    candidate (``kernel``, already resolved by ``requested_kernel``), or the engine's pick
+    among every candidate and the XLA path."""
+
+    kernel = canonical_kernel(kernel)
+    no_kernel = _no_fused_kernel(kernel, launch, platform)
+    if no_kernel is not None:
+        return no_kernel
 
     if launch is not None:
         check_forced_launch(launch, problem, kernel)
@@ -222,7 +231,6 @@ def choose(problem: Problem, *, kernel: str = "auto", launch: _launch.Launch | N
     decision = _engine.decide(problem, found, xla_allowed=family is None, version=__version__)
     source = decision.source if family is None else f"kernel={kernel!r}, then {decision.source}"
     return Choice(decision.launch, decision.reason, source)
-
 
 
 # --- grouped (mixture-of-experts) calls ------------------------------------------------------
@@ -273,26 +281,9 @@ def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
     expert's weights streamed once, rereads) predicts closest to the best under both a
     balanced and a skewed routing (_model.routings), since the routing is not known when
     the call is compiled."""
-    if kernel == "xla":
-        return Choice(None, "kernel='xla'", "override")
-    forced = launch is not None or kernel != "auto"
-    what = f"launch={launch}" if launch is not None else f"kernel={kernel!r}"
-    if platform != "cuda":
-        if forced:
-            return Choice(None, f"{what} ignored on platform {platform!r}: no fused kernel there")
-        return Choice(None, f"platform {platform!r} has no fused kernel")
-    if not _native.kernels_available():
-        why = _native.unavailable_reason()
-        if forced:
-            raise RuntimeError(f"{what} was requested, but {why}")
-        _warn_once(f"jax_swiglu: {why}")
-        return Choice(None, "the CUDA extension is not built")
-    if local_gpu_is_sm90() is False:
-        why = "the fused kernels need an SM90 (Hopper) GPU and this GPU is not one"
-        if forced:
-            raise RuntimeError(f"{what} was requested, but {why}")
-        _warn_once(f"jax_swiglu: {why}; using the XLA path")
-        return Choice(None, "GPU is not SM90")
+    no_kernel = _no_fused_kernel(kernel, launch, platform)
+    if no_kernel is not None:
+        return no_kernel
     if launch is not None:
         check_forced_grouped_launch(launch, problem)
         return Choice(launch, "forced", f"launch={launch}")
