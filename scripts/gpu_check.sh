@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, in one command, on an SM90 machine with no network (scripts/gpu_check.sh):
 #   1. installs what the machine lacks from wheels carried in .whl/ (nvidia-cutlass for the
-#      CUTLASS headers; tokamax and its pure-Python dependencies for the peer benchmark),
+#      CUTLASS headers; tokamax and its pure-Python dependencies for the peer benchmark;
+#      scripts/fetch_wheels.sh downloads them; carry .whl, or the build finds no CUTLASS),
 #   2. builds jax_swiglu with every kernel config (JAX_SWIGLU_ALL_CONFIGS=ON) against this
 #      machine's own jaxlib, printing ptxas's register/spill report; PREBUILT=1 instead uses
 #      the jax_swiglu/_kernels*.so already in the tree (carried from an earlier build),
