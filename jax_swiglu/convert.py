@@ -27,6 +27,10 @@ and no dtype changes unless ``dtype=`` is given.
 
 The down projection needs no adapter in MaxText (``wo``) and Gemma (``linear``): both store
 it ``[mlp, embed]``, which is already :func:`jax_swiglu.fused_mlp`'s ``w_down``.
+Expert weights need none either where they are stored ``[experts, embed, mlp]``: MaxText's
+routed MoE ``wi_0`` / ``wi_1`` and tunix's Qwen3 ``MoELayer`` ``gate_proj`` / ``up_proj`` pack
+as ``jax_swiglu.pack_expert_weights(gate, up)``, and their ``wo`` / ``down_proj``
+``[experts, mlp, embed]`` is :func:`jax_swiglu.grouped_fused_mlp`'s ``w_down`` as it is.
 
 These functions only move weights; the activation is the call's: SiLU (``swiglu``'s default)
 for Llama, Qwen and MaxText's ``("silu", "linear")``, ``activation="gelu_tanh"`` for Gemma
