@@ -35,9 +35,11 @@
 //              schedules. CudaCores for the gemv kernel (FMAs, no wgmma).
 //   m_side     which operand sits on the wgmma M side. Tokens: x rows are the tile's M, the
 //              packed weights its N (the prefill form). Weights ("swap-AB"): the packed
-//              columns are the wgmma M side and the tokens its N, so a tile of 8..64 tokens
-//              wastes no tensor-core rows at decode; its epilogue pairs gate and up through
-//              shared memory (kernels/epilogue/swap_ab_epilogue.cuh).
+//              columns are the wgmma M side and the tokens its N, in tiles of any multiple
+//              of 16 tokens up to 256: a decode tile of 16..64 tokens wastes no tensor-core
+//              rows, and a mid-M tile sized to M pads it by less than 64- or 128-token tiles
+//              would; its epilogue pairs gate and up by exchanging registers through shared
+//              memory (kernels/epilogue/swap_ab_epilogue.cuh).
 //   tile_m     tokens per tile; tile_n packed columns (gate + up) per tile, twice the output
 //              columns; tile_k the contraction step. The gemv rows: tile_m the most tokens a
 //              row runs (their fp32 sums live in registers), tile_n the packed columns per
@@ -113,7 +115,15 @@
   X(33, Interleaved, Bits16, Cooperative, Tokens, 128, 256, 64, 1, 1, Grouped, DirectStore, 1, Always)     \
   X(34, Interleaved, Bits16, Pingpong, Tokens, 64, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)      \
   X(35, Interleaved, Bits16, Cooperative, Weights, 16, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)   \
-  X(36, Interleaved, Bits16, Cooperative, Weights, 32, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)
+  X(36, Interleaved, Bits16, Cooperative, Weights, 32, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)   \
+  X(37, Interleaved, Bits16, Cooperative, Weights, 64, 128, 64, 1, 1, Grouped, DirectStore, 1, Optional) \
+  X(38, Interleaved, Bits16, Cooperative, Weights, 112, 128, 64, 1, 1, Persistent, DirectStore, 1, Optional) \
+  X(39, Interleaved, Bits16, Cooperative, Weights, 160, 128, 64, 1, 2, Persistent, DirectStore, 1, Always) \
+  X(40, Interleaved, Bits16, Cooperative, Weights, 208, 128, 64, 1, 2, Persistent, DirectStore, 1, Always) \
+  X(41, Interleaved, Bits16, Cooperative, Weights, 256, 128, 64, 1, 2, Persistent, DirectStore, 1, Optional) \
+  X(42, Interleaved, Bits16, Cooperative, Weights, 208, 128, 64, 1, 1, StreamK, DirectStore, 1, Always) \
+  X(43, Interleaved, Bits16, Pingpong, Weights, 128, 128, 64, 1, 2, Persistent, DirectStore, 1, Optional)  \
+  X(44, Interleaved, Bits16, Pingpong, Weights, 160, 128, 64, 1, 2, Persistent, DirectStore, 1, Always)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
@@ -239,11 +249,20 @@ constexpr bool IsValidRow(const KernelConfig& c) {
            c.scheduler == TileScheduler::Persistent && c.m_bands == 1;
   }
   if (c.m_side == MmaMSide::Weights) {
-    // Swap-AB: cooperative (CUTLASS's stream-K runs only there), one tile of packed columns
-    // per two 64-row warpgroups, whole gate/up pairs per warpgroup, no cluster, the direct
-    // store after the shared-memory pairing.
-    return c.schedule == Schedule::Cooperative && c.tile_n % 128 == 0 && c.tile_m % 8 == 0 &&
-           c.tile_m <= 64 && c.cluster_m == 1 && c.cluster_n == 1 &&
+    // Swap-AB: passes of 128 packed columns (whole gate/up pairs per 64-row block), tokens in
+    // steps of 8 up to a wgmma's 256, clusters only along the packed columns (multicasting x),
+    // the direct store after the pairing (swap_ab_epilogue.cuh). Cooperative (CUTLASS's
+    // stream-K runs only there), or pingpong on whole tiles for many rounds of them: one
+    // warpgroup holds a tile's 128 x tokens fp32 accumulators, so at most 160 tokens.
+    // CuTe's TMA for the x tile takes whole pairs of its 8-row swizzle atoms, and a cluster's
+    // CTAs each load 1/cluster_n of it in whole atoms.
+    const bool schedule =
+        c.schedule == Schedule::Cooperative ||
+        (c.schedule == Schedule::Pingpong && c.tile_n == 128 && c.tile_m <= 160 &&
+         c.scheduler == TileScheduler::Persistent && c.operands == Operands::Bits16);
+    return schedule && c.tile_n % 128 == 0 && c.tile_m % 16 == 0 && c.tile_m <= 256 &&
+           c.cluster_m == 1 && (c.cluster_n == 1 || c.cluster_n == 2 || c.cluster_n == 4) &&
+           c.tile_m % (8 * c.cluster_n) == 0 &&
            c.scheduler != TileScheduler::SplitTail && c.store == OutputStore::DirectStore &&
            c.m_bands == 1;
   }

@@ -151,8 +151,11 @@ struct InterleavedAssembly {
                            cute::conditional_t<kGrouped, ExpertTileRows, PlainTileRows>>,
       SwiGluEpilogue<ElementD, TileShape, Pairs, Store, Scales>>;
 
-  using Built = CollectiveMainloopFor<Element, TileShape, LayoutA, LayoutB, kConfig.cluster_m,
-                                      kConfig.cluster_n, kConfig.schedule, Epilogue::kSharedBytes>;
+  // CUTLASS's cluster is (M, N) of its tile: swap-AB's packed columns first.
+  static constexpr int kClusterM = kSwapAb ? kConfig.cluster_n : kConfig.cluster_m;
+  static constexpr int kClusterN = kSwapAb ? kConfig.cluster_m : kConfig.cluster_n;
+  using Built = CollectiveMainloopFor<Element, TileShape, LayoutA, LayoutB, kClusterM, kClusterN,
+                                      kConfig.schedule, Epilogue::kSharedBytes>;
   // Tokens on M with the direct store: edge tiles' x loads are kept inside x (edge_tiles.cuh).
   static constexpr bool kShiftedRows = !kSwapAb && Store::kShiftedRows;
   using EdgeMainloop = cute::conditional_t<
@@ -213,13 +216,12 @@ template <int ConfigId, class ElementTag, Activation kActivation>
 std::string LaunchInterleaved(const SwigluProblem& p, const DeviceFacts& facts,
                               cudaStream_t stream) {
   using Assembly = InterleavedAssembly<ConfigId, ElementTag, kActivation>;
-  constexpr KernelConfig config = kConfigs[ConfigId];
   // (The shapes and launch attributes: CannotRun, before this.)
   if (Assembly::kFp8 && (p.x_scale == nullptr || p.w_scale == nullptr)) {
     return "the fp8 kernel was called without scales";
   }
   return LaunchGemm<typename Assembly::Kernel>(Assembly::Arguments(p, facts), p, facts,
-                                               dim3(config.cluster_m, config.cluster_n, 1),
+                                               dim3(Assembly::kClusterM, Assembly::kClusterN, 1),
                                                stream, Assembly::kFp8 ? "fp8 interleaved"
                                                                       : "interleaved");
 }

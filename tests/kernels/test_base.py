@@ -29,8 +29,8 @@ def _ms(row) -> tuple[int, ...]:
         return (1, row.tile_m) if row.tile_m > 1 else (1,)
     if row.m_bands > 1:
         return (row.m_multiple,)
-    if row.m_side == "weights":
-        return (1, 33, 200)
+    if row.m_side == "weights":  # decode, a partial tile, several (a ragged last) at mid M
+        return (1, 33, 200) + ((777,) if row.tile_m > 64 else ())
     return (5, 300, 2048)
 
 

@@ -1,22 +1,29 @@
 // SwiGLU epilogue of the swap-AB (weights on the wgmma M side) interleaved kernel.
 //
-// At decode a call has a handful of tokens, so the interleaved GEMM runs transposed: the
-// packed gate/up columns are the wgmma M side (64 rows per warpgroup) and the tokens its N
-// side (8..64), and every tensor-core row does useful work while the weights stream. The
-// accumulator tile is then [packed columns, tokens]: a warpgroup's 64 rows are one gate/up
-// pair of 32-column runs, gate rows in warps 0-1 and their up rows in warps 2-3, so no thread
-// holds both halves of a pair. The epilogue therefore meets them in shared memory: every
-// thread writes its fp32 accumulators there, and after a barrier each thread reads the gate
-// and up values of 8 consecutive output columns of one token, computes act(g) * u in fp32,
-// rounds once and writes 16 bytes to the [M, N] output. At these sizes the epilogue is a
-// small share of a tile that streams K * tile_n weights, so its shared-memory round trip
-// costs little.
+// With few tokens per tile (decode, and the mid-M tiles of 8k tokens that pad M by less than a
+// 64-row token tile would) the interleaved GEMM runs transposed: the packed gate/up columns are
+// the wgmma M side (64 rows per warpgroup and pass) and the tokens its N side, so every
+// tensor-core row does useful work. The accumulator tile is then [packed columns, tokens]: each
+// 64-row block of a warpgroup is one gate/up pair of 32-column runs, gate rows in warps 0-1
+// and their up rows in warps 2-3. The wgmma layout gives the thread of warp w + 2 holding up
+// row r + 32 the same lane and register index as the thread of warp w holding gate row r, so
+// the pairing is an exchange of registers through shared memory, shared evenly: for the even
+// 8-token blocks the up thread hands its values to the gate thread, for the odd ones the gate
+// thread hands its to the up thread; the receiver computes act(g) * u in fp32 and rounds once.
+// The rounded outputs, [token, column] in the tile, go through shared memory again (a thread
+// holds 2 tokens per column, the output rows are column-contiguous) and leave in 16-byte
+// stores of 8 columns of one token. A pass is 128 packed rows (64 output columns): one 64-row
+// block of each warpgroup in the cooperative schedule, two blocks of its one warpgroup in
+// pingpong; a 256-row tile runs two. A pass goes in chunks of 32 tokens, so the shared memory
+// held is one chunk's exchange and outputs whatever the tile's width: the mainloop keeps the
+// rest for its stages.
 //
-// It implements the epilogue interface of CUTLASS's SM90 cooperative GemmUniversal kernel,
-// which calls it only for the work unit that completes a tile (after the stream-K fixup has
-// summed the partial accumulators); the empty load side is EpilogueWithoutSource's. The fp8
-// kernel's form (Scaled) multiplies gate and up by their token's and packed column's scales
-// (epilogue/scales.cuh) before the activation. `Rows` says which tokens of a tile are its own
+// It implements the epilogue interface of CUTLASS's SM90 cooperative and pingpong
+// GemmUniversal kernels, which call it only for the work unit that completes a tile (after the
+// stream-K fixup has summed the partial accumulators; pingpong's two warpgroups take turns);
+// the empty load side is EpilogueWithoutSource's. The fp8 kernel's form (Scaled) multiplies
+// gate and up by their token's and packed column's scales (epilogue/scales.cuh) before the
+// activation. `Rows` says which tokens of a tile are its own
 // (TileRows, mainloop/edge_tiles.cuh: PlainTileRows for dense calls, ExpertTileRows for
 // grouped ones, schedulers/expert_groups.cuh).
 #pragma once
@@ -52,16 +59,35 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
   static constexpr int kTilePacked = cute::size<0>(CtaTileShape_{});
   static constexpr int kTileTokens = cute::size<1>(CtaTileShape_{});
   static constexpr int kTileN = kTilePacked / 2;  // output columns per tile
-  static_assert(kTilePacked % (2 * kGateUpBlock) == 0, "a tile holds whole gate/up pairs");
-  static_assert(kGateUpBlock == 32 && sizeof(ElementD) == 2, "4 pairs of 2 bytes per store");
-  // One token's accumulators per shared-memory row, packed column fastest. The 4 floats of
-  // padding shift the next row by 4 banks, so a warp's writes (8 packed columns x 4 token
-  // pairs) land in 32 different banks.
-  static constexpr int kRowFloats = kTilePacked + 4;
-  static_assert((2 * kRowFloats) % 32 == 8, "conflict-free accumulator writes");
+  static_assert(kGateUpBlock == 32 && sizeof(ElementD) == 2, "8 outputs per 16-byte store");
+  // A pass: 128 packed rows, 64 output columns.
+  static constexpr int kPassPacked = 128;
+  static constexpr int kPassColumns = kPassPacked / 2;
+  static constexpr int kPasses = kTilePacked / kPassPacked;
+  static_assert(kTilePacked % kPassPacked == 0, "whole passes of two 64-row blocks");
+  // A thread's accumulators of one 64-row block: 64 x tokens over a warpgroup's 128; the
+  // wgmma layout keeps 4 values per 8-token block (2 tokens x 2 rows), blocks in order.
+  static constexpr int kBlockValues = kTileTokens / 2;
+  static constexpr int kTokenBlockValues = 4;
+  // A chunk: 4 blocks of 8 tokens (the last may be shorter).
+  static constexpr int kChunkTokens = 32;
+  static constexpr int kChunkValues = kChunkTokens / 8 * kTokenBlockValues;
+  static constexpr int kChunks = (kBlockValues + kChunkValues - 1) / kChunkValues;
+  static_assert(kTileTokens % 8 == 0, "whole 8-token blocks");
+  // A chunk's exchange, [block of the pass][value][gate/up thread pair]: a 64-row block has 64
+  // pairs, a pass two blocks (one per warpgroup, or both of one), and a warp's 32 writes or
+  // reads of one value are 32 consecutive floats.
+  static constexpr int kExchangeFloats = kPassPacked * kChunkValues;
+  // The rounded outputs of a chunk, [token][column]; 8 elements of padding per row keep the
+  // rows 16-byte aligned and spread a warp's writes (4 tokens x 4 column pairs) over banks.
+  static constexpr int kOutRow = kPassColumns + 8;
+  static constexpr int kOutElements = kChunkTokens * kOutRow;
 
   struct TensorStorage {
-    alignas(16) float accumulators[kTileTokens * kRowFloats];
+    // Separate buffers: a chunk's exchange can be written while the previous chunk's
+    // outputs are still being stored (two barriers per chunk).
+    alignas(16) float exchange[kExchangeFloats];
+    alignas(16) ElementD outputs[kOutElements];
   };
   // Shared memory the mainloop's stage count must leave free.
   static constexpr int kSharedBytes =
@@ -100,80 +126,122 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
                             int /*subtile*/ = -1) {
     using namespace cute;
     static_assert(is_same_v<typename AccEngine::value_type, float>, "fp32 accumulators");
+    // Cooperative: two warpgroups, one 64-row block each per pass; pingpong: one warpgroup
+    // (thread_idx is its own), two blocks per pass.
     constexpr int kThreads = size(TiledMma{});
+    static_assert(kThreads == 128 || kThreads == 256, "one or two consumer warpgroups");
+    constexpr int kPassBlocks = kPassPacked / 64 / (kThreads / 128);
     auto sync_epilogue_threads = [] {
       cutlass::arch::NamedBarrier::sync(kThreads,
                                         cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
     };
 
-    // The previous tile's readers are done with shared memory before it is overwritten.
-    sync_epilogue_threads();
-    float* const smem = shared_tensors.accumulators;
-    Tensor sAcc = make_tensor(make_smem_ptr(smem),
-                              make_layout(make_shape(Int<kTilePacked>{}, Int<kTileTokens>{}),
-                                          make_stride(_1{}, Int<kRowFloats>{})));
-    Tensor tCsAcc = tiled_mma.get_slice(thread_idx).partition_C(sAcc);
-    static_assert(decltype(size(tCsAcc))::value == decltype(size(accumulators))::value);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(accumulators); ++i) tCsAcc(i) = accumulators(i);
-    sync_epilogue_threads();
+    // Each accumulator's (packed row, token) in the tile: ((values), 64-row blocks, 1).
+    Tensor coords = tiled_mma.get_slice(thread_idx).partition_C(
+        make_identity_tensor(make_shape(Int<kTilePacked>{}, Int<kTileTokens>{})));
+    static_assert(rank(decltype(coords){}) == 3 &&
+                  size<1>(decltype(coords){}) == kPasses * kPassBlocks &&
+                  size<2>(decltype(coords){}) == 1 &&
+                  size<0>(decltype(coords){}) == kBlockValues,
+                  "wgmma blocks of 64 packed rows x all tokens");
+    // Warps 2-3 of a warpgroup hold the up rows (32..63 of each 64-row block); a gate thread
+    // and its up partner share one pair index.
+    const bool up_thread = get<0>(coords(0, 0, 0)) % (2 * kGateUpBlock) >= kGateUpBlock;
+    const int pair = (thread_idx / 128) * 64 + thread_idx % 64;
 
-    // Each group is 8 consecutive output columns of one token: columns 8q .. 8q + 7 of a
-    // 32-column run, which the packed layout's quad transpose keeps at packed positions
-    // 8j + 2q + e (j = 0..3, e = 0..1) of the run's gate block, and 32 further on for up.
     auto [packed_tile, token_tile, k_coord, l_coord] = tile_coord_mnkl;
     const int tokens = static_cast<int>(get<1>(problem_shape_mnkl));
-    // The tile's accumulator row t is token rows.origin + t; rows first .. end - 1 are its own.
+    // The tile's accumulator column t is token rows.origin + t; columns first .. end - 1 are
+    // its own.
     const TileRows rows = Rows::template Of<kTileTokens>(tokens, static_cast<int>(token_tile),
                                                          static_cast<int>(l_coord));
     const int token0 = rows.origin;
     const int own_end = rows.end < tokens - token0 ? rows.end : tokens - token0;
-    const int col0 = static_cast<int>(packed_tile) * kTileN;
-    constexpr int kGroupsPerToken = kTileN / 8;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int group = thread_idx; group < kTileTokens * kGroupsPerToken; group += kThreads) {
-      const int token = group / kGroupsPerToken;
-      const int column = (group % kGroupsPerToken) * 8;
-      if (token < rows.first || token >= own_end || col0 + column >= params_.n) continue;
-      if (rows.zeros) {
-        *reinterpret_cast<uint4*>(params_.ptr_d + int64_t(token0 + token) * params_.n + col0 +
-                                  column) = make_uint4(0, 0, 0, 0);
-        continue;
-      }
-      const float* gate = smem + token * kRowFloats + (column / kGateUpBlock) * 2 * kGateUpBlock +
-                          2 * ((column % kGateUpBlock) / 8);
-      const float* up = gate + kGateUpBlock;
-      // kScaled: the token's scale, and the packed column of gate pair j (its up pair is
-      // kGateUpBlock further on); a group inside n has every packed column inside.
-      float x_scale = 1.0f;
-      int gate_column = 0;
-      if constexpr (kScaled) {
-        x_scale = TokenScale(params_.scales, token0 + token);
-        gate_column = static_cast<int>(packed_tile) * kTilePacked + static_cast<int>(gate - smem -
-                                                                                   token * kRowFloats);
-      }
-      uint32_t words[4];
+    float* const exchange = shared_tensors.exchange;
+    ElementD* const outputs = shared_tensors.outputs;
+
+    CUTLASS_PRAGMA_UNROLL
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int column0 = static_cast<int>(packed_tile) * kTileN + pass * kPassColumns;
+
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < 4; ++j) {
-        float2 g = *reinterpret_cast<const float2*>(gate + 8 * j);
-        float2 u = *reinterpret_cast<const float2*>(up + 8 * j);
-        if constexpr (kScaled) {
-          const int c = gate_column + 8 * j;
-          g.x *= x_scale * ColumnScale(params_.scales, c);
-          g.y *= x_scale * ColumnScale(params_.scales, c + 1);
-          u.x *= x_scale * ColumnScale(params_.scales, c + kGateUpBlock);
-          u.y *= x_scale * ColumnScale(params_.scales, c + kGateUpBlock + 1);
+      for (int chunk = 0; chunk < kChunks; ++chunk) {
+        const int chunk_token0 = chunk * kChunkTokens;
+        // Value v of a block belongs to 8-token block v / 4: the gate thread receives the
+        // even blocks, the up thread the odd ones. The previous chunk's exchange readers are
+        // done (its second barrier below), so it may be overwritten.
+        CUTLASS_PRAGMA_UNROLL
+        for (int block = 0; block < kPassBlocks; ++block) {
+          Tensor values = accumulators(_, pass * kPassBlocks + block, 0);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < kChunkValues; ++i) {
+            const int v = chunk * kChunkValues + i;
+            const bool odd = (v / kTokenBlockValues) % 2 == 1;
+            if (v < kBlockValues && odd != up_thread) {
+              exchange[(block * kChunkValues + i) * (kThreads / 2) + pair] = values(v);
+            }
+          }
         }
-        cutlass::Array<float, 2> value;
-        value[0] = Activate<kActivation, false>(g.x) * u.x;
-        value[1] = Activate<kActivation, false>(g.y) * u.y;
-        cutlass::NumericArrayConverter<ElementD, float, 2,
-                                       cutlass::FloatRoundStyle::round_to_nearest> convert;
-        cutlass::Array<ElementD, 2> rounded = convert(value);
-        words[j] = reinterpret_cast<uint32_t const&>(rounded);
+        // The exchange is written, and the previous chunk's outputs are stored.
+        sync_epilogue_threads();
+        if (!rows.zeros) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int block = 0; block < kPassBlocks; ++block) {
+            Tensor values = accumulators(_, pass * kPassBlocks + block, 0);
+            Tensor value_coords = coords(_, pass * kPassBlocks + block, 0);
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kChunkValues; ++i) {
+              const int v = chunk * kChunkValues + i;
+              const bool odd = (v / kTokenBlockValues) % 2 == 1;
+              if (v < kBlockValues && odd == up_thread) {
+                const float mine = values(v);
+                const float partners =
+                    exchange[(block * kChunkValues + i) * (kThreads / 2) + pair];
+                float g = up_thread ? partners : mine;
+                float u = up_thread ? mine : partners;
+                const int token = get<1>(value_coords(v));
+                const int gate_row = get<0>(value_coords(v)) - (up_thread ? kGateUpBlock : 0);
+                if constexpr (kScaled) {
+                  // Scales only for the tile's own tokens and packed columns inside the
+                  // weights (padding tokens and columns are never stored).
+                  const int gate_column = static_cast<int>(packed_tile) * kTilePacked + gate_row;
+                  if (token >= rows.first && token < own_end &&
+                      column0 + OutputColumn(gate_row) < params_.n) {
+                    const float x_scale = TokenScale(params_.scales, token0 + token);
+                    g *= x_scale * ColumnScale(params_.scales, gate_column);
+                    u *= x_scale * ColumnScale(params_.scales, gate_column + kGateUpBlock);
+                  }
+                }
+                outputs[(token - chunk_token0) * kOutRow + OutputColumn(gate_row)] =
+                    cutlass::NumericConverter<ElementD, float,
+                                              cutlass::FloatRoundStyle::round_to_nearest>{}(
+                        Activate<kActivation, false>(g) * u);
+              }
+            }
+          }
+        }
+        // The chunk's outputs are in shared memory, and its exchange is read.
+        sync_epilogue_threads();
+
+        // 16-byte stores: 8 consecutive output columns of one token.
+        constexpr int kGroupsPerToken = kPassColumns / 8;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int group = thread_idx; group < kChunkTokens * kGroupsPerToken;
+             group += kThreads) {
+          const int token = chunk_token0 + group / kGroupsPerToken;
+          const int column = (group % kGroupsPerToken) * 8;
+          if (token >= kTileTokens || token < rows.first || token >= own_end ||
+              column0 + column >= params_.n) {
+            continue;
+          }
+          const uint4 value =
+              rows.zeros ? make_uint4(0, 0, 0, 0)
+                         : *reinterpret_cast<const uint4*>(
+                               outputs + (token - chunk_token0) * kOutRow + column);
+          *reinterpret_cast<uint4*>(params_.ptr_d + int64_t(token0 + token) * params_.n +
+                                    column0 + column) = value;
+        }
       }
-      *reinterpret_cast<uint4*>(params_.ptr_d + int64_t(token0 + token) * params_.n + col0 +
-                                column) = make_uint4(words[0], words[1], words[2], words[3]);
     }
     return make_tuple(load_state, store_state);
   }
@@ -184,6 +252,15 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
   }
 
  private:
+  // The output column (of a pass's 64) of the gate accumulator at packed row `row` of the tile:
+  // row's 64-row block holds 32 columns, and the packed layout's quad transpose keeps column
+  // 8q + 2j + e of a 32-column run at packed position 8j + 2q + e (jax_swiglu/_layout.py).
+  CUTLASS_DEVICE static int OutputColumn(int row) {
+    const int block = (row % kPassPacked) / (2 * kGateUpBlock);
+    const int position = row % (2 * kGateUpBlock);
+    return block * kGateUpBlock + 8 * ((position % 8) / 2) + 2 * (position / 8) + position % 2;
+  }
+
   Params const& params_;
 };
 
