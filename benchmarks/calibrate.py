@@ -14,6 +14,8 @@ tuning data. Shapes are names of benchmarks/shapes.py's PUBLIC_MLPS, KxN, or the
 "fit" and "held-out"; M values are numbers or "grid", "held-out", "decode". --operands e4m3
 calibrates the fp8 kernel's rows instead (weights quantized per channel).
 At large M the candidates the cost model puts far behind are not timed (--prune).
+``--configs`` times only those rows' launches (a new or changed kernel row): the merge adds
+them to the entries the data already holds, which keep their other launches and XLA times.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def pruned(launches, problem, device, factor: float, keep: int, prune_above_m: i
                            1 if problem.operands == "e4m3" else 2)
     constants = (_data.shipped(device.kind) or _data.any_sm90()).constants
     scored = sorted(((_model.launch_us(launch.row, launch.splits, model, device.sm_count,
-                                       device.dram_bytes_per_s, constants), i)
+                                       device.dram_bytes_per_s, constants,
+                                       device.cluster_slots), i)
                      for i, launch in enumerate(launches)))
     best = scored[0][0]
     chosen = {i for rank, (us, i) in enumerate(scored) if rank < keep or us <= factor * best}
@@ -93,6 +96,8 @@ def calibrate_row(name, m, dtype, args, device, key):
     k, n = shapes_lib.mlp_shape(name)
     problem = selection.Problem(m, n, k, jnp.dtype(dtype).name, args.operands)
     launches = measure.candidate_launches(problem)
+    if args.configs:
+        launches = [launch for launch in launches if launch.row.id in args.configs]
     launches = pruned(launches, problem, device, args.prune, args.keep, args.prune_above_m)
     inputs = measure.make_inputs(key, problem, 0, weights=_weights(name, problem, key))
     native = measure.time_launches(problem, launches, samples=args.samples, key=key,
@@ -102,7 +107,7 @@ def calibrate_row(name, m, dtype, args, device, key):
            "launch_us": {launch: r["us"] for launch, r in native.items()
                          if r["error"] is None and r["us"]},
            "errors": {launch: r["error"] for launch, r in native.items() if r["error"]}}
-    if m in args.jax_m and row["launch_us"]:
+    if m in args.jax_m and row["launch_us"] and not args.configs:
         by_id = {measure.launch_id(launch): launch for launch in launches}
         fastest = sorted(row["launch_us"], key=row["launch_us"].get)[:args.jax_finalists]
         timed = measure.time_through_jax(problem, [by_id[f] for f in fastest], key=key)
@@ -131,6 +136,8 @@ def main(argv=None):
     parser.add_argument("--prune-above-m", type=int, default=512)
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no new row after this many seconds")
+    parser.add_argument("--configs", nargs="*", type=int, default=None,
+                        help="time only these rows' launches (merged into the existing entries)")
     parser.add_argument("--out", default="calibration.json")
     parser.add_argument("--note", action="append", default=[])
     args = parser.parse_args(argv)
@@ -149,6 +156,8 @@ def main(argv=None):
               "configs": {c.key: dataclasses.asdict(c)
                           for c in jax_swiglu.kernel_configs().values()},
               "complete": False, "rows": []}
+    if args.configs:
+        result["only_configs"] = sorted(args.configs)
     rows = plan(shapes, ms)
     start = time.perf_counter()
     key = jax.random.key(0)

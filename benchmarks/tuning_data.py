@@ -3,6 +3,7 @@
     python -m benchmarks.tuning_data calibration.json [more.json ...]
     python -m benchmarks.tuning_data held-out.json --report-only --report fit-report.md
     python -m benchmarks.tuning_data --cross-validate --report cv-report.md
+    python -m benchmarks.tuning_data --cross-validate m --report cv-m-report.md
 
 Merges each calibration (benchmarks/calibrate.py) into jax_swiglu/data/<device kind>.json:
 the file is the union of the runs, each entry (one dtype, M, N, K) from the newest run that
@@ -14,7 +15,8 @@ data alone, and compares that launch's measured time with the fastest measured.
 ``--cross-validate`` asks the same of the data's own shapes, one at a time: each measured
 (N, K) is left out, and the rule learned from the others picks a launch at each of its
 measured M (leave one shape out). It judges changes to the cost model and the learned rule on
-every shape the data holds, not only the held-out ones.
+every shape the data holds, not only the held-out ones. ``--cross-validate m`` leaves each
+measured M out instead: the rule between measured M, where the held-out M fall.
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ def merge(document: dict, calibration: dict, *, include_held_out: bool = False) 
     if (known["kind"], known["sm_count"], known["compute_capability"]) != (
             device["kind"], device["sm_count"], device["compute_capability"]):
         raise ValueError(f"calibration on {device} cannot join tuning data of {known}")
+    if facts.get("cluster_slots"):  # measured on the part: the cost model's rounds use it
+        known["cluster_slots"] = facts["cluster_slots"]
     name = _calibration_id(calibration, document["calibrations"])
     document["calibrations"][name] = _provenance(calibration)
     document["configs"].update(calibration["configs"])
@@ -137,14 +141,24 @@ def merge(document: dict, calibration: dict, *, include_held_out: bool = False) 
         entry = {"dtype": row["dtype"], "m": row["m"], "n": row["n"], "k": row["k"],
                  "launch_us": launch_us, "calibration": name}
         previous = entries.get(key)
-        if (calibration.get("method") == LEGACY_METHOD and previous is not None
-                and document["calibrations"][previous["calibration"]]["method"] == LEGACY_METHOD):
-            # Wave-1 runs each timed a few launches: their union, each launch from the newest
-            # run that timed it, each with its run.
+        partial_run = bool(calibration.get("only_configs"))
+        if partial_run and previous is None:
+            continue  # some rows' launches alone do not say which launch is fastest there
+        legacy = (calibration.get("method") == LEGACY_METHOD and previous is not None
+                  and document["calibrations"][previous["calibration"]]["method"]
+                  == LEGACY_METHOD)
+        if legacy or partial_run:
+            # Wave-1 runs each timed a few launches, and a --configs run times some rows':
+            # their union, each launch from the newest run that timed it, each with its run.
             sources = previous.get("launch_calibration") or {
                 launch: previous["calibration"] for launch in previous["launch_us"]}
             entry["launch_us"] = {**previous["launch_us"], **launch_us}
             entry["launch_calibration"] = {**sources, **{launch: name for launch in launch_us}}
+            if partial_run:
+                entry["calibration"] = previous["calibration"]
+                for field in ("xla_us", "cupti_us"):
+                    if field in previous:
+                        entry[field] = previous[field]
         if row.get("xla_us"):
             entry["xla_us"] = round(row["xla_us"], 3)
             entry["cupti_us"] = {k: round(v, 3) for k, v in row.get("cupti_us", {}).items()}
@@ -194,17 +208,18 @@ def evaluate(data: _data.TuningData, rows) -> list[dict]:
     return results
 
 
-def cross_validate(document: dict) -> list[dict]:
+def cross_validate(document: dict, leave_out: str = "shape") -> list[dict]:
     """Leave one shape out (see the module docstring): ``evaluate`` on every entry of each
-    measured (N, K), from the data without that shape."""
+    measured (N, K), from the data without that shape. ``leave_out="m"``: the same with each
+    measured M left out in turn (M between measured ones, as the held-out M are)."""
     names = {shape: name for name, shape in shapes_lib.PUBLIC_MLPS.items()}
-    shapes = sorted({(e["k"], e["n"]) for e in document["entries"]})
+    group = ((lambda e: (e["k"], e["n"])) if leave_out == "shape" else (lambda e: e["m"]))
     results = []
-    for k, n in shapes:
+    for left_out in sorted({group(e) for e in document["entries"]}):
         rest = dict(document,
-                    entries=[e for e in document["entries"] if (e["k"], e["n"]) != (k, n)])
-        rows = [dict(e, model=names.get((k, n), f"{k}x{n}"))
-                for e in document["entries"] if (e["k"], e["n"]) == (k, n)]
+                    entries=[e for e in document["entries"] if group(e) != left_out])
+        rows = [dict(e, model=names.get((e["k"], e["n"]), f"{e['k']}x{e['n']}"))
+                for e in document["entries"] if group(e) == left_out]
         results += evaluate(_data.TuningData(rest), rows)
     return results
 
@@ -258,12 +273,15 @@ def _summary(results) -> str:
             f"{within} within 2 %.")
 
 
-def cross_validation_markdown(results, data_path: str) -> str:
+def cross_validation_markdown(results, data_path: str, leave_out: str = "shape") -> str:
     """The summary, by M, and every row more than 2 % from the fastest."""
     if not results:
         return "No entries to cross-validate.\n"
-    lines = [f"Leave one shape out over {data_path}: each shape's entries judged by the learned "
-             f"rule of the other shapes' data, against the fastest measured launch.", "",
+    what = ("each shape's entries judged by the learned rule of the other shapes' data"
+            if leave_out == "shape" else
+            "each M's entries judged by the learned rule of the other M's data")
+    lines = [f"Leave one {leave_out} out over {data_path}: {what}, against the fastest "
+             f"measured launch.", "",
              f"- {_summary(results)}", "", "| M | rows | geomean | max | within 2 % |",
              "|---|---|---|---|---|"]
     for m in sorted({r["m"] for r in results}):
@@ -310,10 +328,11 @@ def main(argv=None):
                         help="merge the held-out rows too (then nothing is left to report on)")
     parser.add_argument("--report-only", action="store_true", help="merge nothing")
     parser.add_argument("--report", default=None, help="write the report here")
-    parser.add_argument("--cross-validate", action="store_true",
-                        help="add the leave-one-shape-out report on the data file (after any "
-                             "merge; with no calibrations, the shipped file of the one shipped "
-                             "device or --data)")
+    parser.add_argument("--cross-validate", nargs="?", const="shape", choices=("shape", "m"),
+                        default=None,
+                        help="add the leave-one-shape-out (or with 'm' leave-one-M-out) report "
+                             "on the data file (after any merge; with no calibrations, the "
+                             "shipped file of the one shipped device or --data)")
     parser.add_argument("--fit-model", action="store_true",
                         help="refit the cost model's constants to the data (after any merge) "
                              "and write them to the data file")
@@ -376,8 +395,9 @@ def main(argv=None):
         sections.append(report_markdown(evaluate(data, rows), os.path.basename(path),
                                         args.calibrations))
     if args.cross_validate:
-        sections.append(cross_validation_markdown(cross_validate(document),
-                                                  os.path.basename(path)))
+        sections.append(cross_validation_markdown(
+            cross_validate(document, args.cross_validate), os.path.basename(path),
+            args.cross_validate))
     markdown = "\n".join(sections)
     print(markdown)
     if args.report:

@@ -241,13 +241,51 @@ def test_tuning_data_merges_runs_and_keeps_held_out_rows_out(tmp_path):
     assert "| llama-3-8b | 5 |" in report_md and "| qwen2.5-3b | 1 |" in report_md
 
 
+def test_a_calibration_of_some_rows_joins_the_entries_it_measured(tmp_path):
+    """A --configs run times some rows' launches: merged, they replace those launches' times
+    and keep the entry's other launches and its XLA time; where no entry was, they make none
+    (some rows alone do not say which launch is fastest)."""
+    first = _calibration([_cal_row("llama-3-8b", 1, 80.0, 55.0, xla_us=60.0,
+                                   cupti_us={_key(CONFIGS["b"]): 53.0})])
+    b_only = _cal_row("llama-3-8b", 1, 0.0, 50.0)
+    del b_only["launch_us"][_key(CONFIGS["a"])]
+    second = {**_calibration([b_only, _cal_row("llama-3-8b", 2048, 600.0, 900.0)],
+                             git="def5678"), "only_configs": [18]}
+    paths = []
+    for i, calibration in enumerate((first, second)):
+        paths.append(tmp_path / f"c{i}.json")
+        paths[-1].write_text(json.dumps(calibration))
+    data = tmp_path / "data.json"
+    tuning_data.main([str(p) for p in paths] + ["--data", str(data)])
+    entries = {(e["m"], e["n"]): e for e in json.loads(data.read_text())["entries"]}
+    joined = entries[1, 14336]
+    assert joined["launch_us"] == {_key(CONFIGS["a"]): 80.0, _key(CONFIGS["b"]): 50.0}
+    assert joined["launch_calibration"] == {_key(CONFIGS["a"]): "2026-01-02-abc1234",
+                                            _key(CONFIGS["b"]): "2026-01-02-def5678"}
+    assert joined["xla_us"] == 60.0 and joined["calibration"] == "2026-01-02-abc1234"
+    assert sorted(entries) == [(1, 14336)]
+
+
 def test_cross_validation_leaves_each_shape_out(tmp_path):
     """Leave one shape out: a shape's entries are judged by the rule learned from the others
     alone. Config b wins everywhere but on one shape, which no other shape predicts: that
     row, and only that one, is reported off the fastest."""
-    rows = [_cal_row(model, m, 80.0, 55.0)
+    # Times in proportion to the cost model's (the shipped constants'), so each config's
+    # correction is the same on every shape but the one where the order flips.
+    from jax_swiglu._native import KernelConfig
+    from jax_swiglu.selection import _data, _model
+    shipped = _data.any_sm90()
+    a, b = (KernelConfig(**CONFIGS[c]) for c in ("a", "b"))
+
+    def model_us(config, model, m):
+        k, n = SHAPES[model]
+        return _model.launch_us(config, 1, _model.Problem(m, n, k), 132, 4.9e12,
+                                shipped.constants)
+
+    rows = [_cal_row(model, m, 1.4 * model_us(a, model, m), model_us(b, model, m))
             for model in ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3-8b") for m in (1, 2)]
-    rows.append(_cal_row("qwen2.5-72b", 1, 50.0, 70.0))
+    rows.append(_cal_row("qwen2.5-72b", 1, model_us(a, "qwen2.5-72b", 1),
+                         1.4 * model_us(b, "qwen2.5-72b", 1)))
     path, data = tmp_path / "c.json", tmp_path / "data.json"
     path.write_text(json.dumps(_calibration(rows)))
     tuning_data.main([str(path), "--data", str(data)])
@@ -256,6 +294,8 @@ def test_cross_validation_leaves_each_shape_out(tmp_path):
     off = [(r["model"], r["m"]) for r in results if r["ratio"] > 1.0]
     assert off == [("qwen2.5-72b", 1)]
     tuning_data.main(["--cross-validate", "--data", str(data), "--report", str(tmp_path / "cv.md")])
+    by_m = tuning_data.cross_validate(json.loads(data.read_text()), "m")
+    assert len(by_m) == 7 and {r["m"] for r in by_m} == {1, 2}
     report_md = (tmp_path / "cv.md").read_text()
     assert report_md.startswith(
         "<!-- written by `python -m benchmarks.tuning_data --cross-validate")

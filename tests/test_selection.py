@@ -241,6 +241,29 @@ def test_rounds_follow_the_sm_count():
     assert _model.rounds(stream_k, 2, _model.Problem(128, 133 * 64, 4096), 132) == 1.5
 
 
+def test_rounds_count_the_clusters_that_fit_at_once():
+    """A cluster runs inside one GPC: where the device's measured slots say fewer clusters fit
+    than sm_count / size (the H200: 30 of 4 CTAs, not 33), a round holds fewer tiles, and
+    the kernels' grid is that many (launch_gemm.cuh)."""
+    four = config(11, schedule="pingpong", tile_m=128, tile_n=192, cluster_m=4)
+    problem = _model.Problem(512, 32 * 96, 1024)  # 4 x 32 = 128 tiles
+    assert _model.round_ctas(four, 132) == 132
+    assert _model.rounds(four, 1, problem, 132) == 1
+    assert _model.round_ctas(four, 132, {4: 30}) == 120
+    assert _model.rounds(four, 1, problem, 132, {4: 30}) == 2
+    assert (_model.launch_us(four, 1, problem, 132, 4.8e12, CONSTANTS, {4: 30})
+            > _model.launch_us(four, 1, problem, 132, 4.8e12, CONSTANTS))
+    # Sizes the device did not measure keep sm_count / size.
+    assert _model.round_ctas(config(12, cluster_m=2), 132, {4: 30}) == 132
+    # The facts travel with the device (tuning data's "device" section).
+    from jax_swiglu.selection import _device
+    facts = {"kind": "NVIDIA H200", "compute_capability": 90, "sm_count": 132,
+             "dram_bytes_per_s": 4.8e12, "cluster_slots": {"4": 30, "2": 66}}
+    device = _device.device_from_dict(facts, local=False)
+    assert device.cluster_slots == {2: 66, 4: 30}
+    assert _device.device_from_dict(device.as_dict(), local=False) == device
+
+
 def test_split_tail_plan_mirrors_the_kernel():
     tail = config(11, schedule="pingpong", tile_m=128, tile_n=128, cluster_m=2,
                   scheduler="split-tail")

@@ -126,6 +126,7 @@ class TuningData:
         """launch id -> [(dtype, log m, log n, log k, log(measured / model))], for the
         correction; the model is evaluated with this data's own device."""
         sm_count, bandwidth = self.device["sm_count"], self.device["dram_bytes_per_s"]
+        slots = {int(size): int(n) for size, n in self.device.get("cluster_slots", {}).items()}
         table: dict = {}
         for entry in self.entries:
             for launch, us in entry.launch_us.items():
@@ -134,7 +135,7 @@ class TuningData:
                 if config is None or not us or us <= 0:
                     continue
                 predicted = _model.launch_us(config, splits, entry.problem, sm_count, bandwidth,
-                                             self.constants)
+                                             self.constants, slots)
                 table.setdefault(launch, []).append(
                     (entry.dtype, math.log(entry.m), math.log(entry.n), math.log(entry.k),
                      math.log(us / predicted)))

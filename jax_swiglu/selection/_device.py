@@ -23,14 +23,24 @@ class Device:
     sm_count: int
     dram_bytes_per_s: float  # peak, from the memory clock and bus width
     local: bool = True  # False: no GPU here, the facts are assumed (cross-lowering)
+    # (cluster size, clusters that fit at once) where measured (_model.round_ctas); not part
+    # of the fingerprint: it follows from the part.
+    cluster_slots_measured: tuple = ()
+
+    @property
+    def cluster_slots(self) -> dict:
+        return dict(self.cluster_slots_measured)
 
     @property
     def fingerprint(self) -> str:
         return f"{self.kind}|sm{self.compute_capability}|{self.sm_count}sms"
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "compute_capability": self.compute_capability,
-                "sm_count": self.sm_count, "dram_bytes_per_s": self.dram_bytes_per_s}
+        facts = {"kind": self.kind, "compute_capability": self.compute_capability,
+                 "sm_count": self.sm_count, "dram_bytes_per_s": self.dram_bytes_per_s}
+        if self.cluster_slots_measured:
+            facts["cluster_slots"] = {str(size): n for size, n in self.cluster_slots_measured}
+        return facts
 
 
 @functools.cache
@@ -44,13 +54,25 @@ def local_device() -> Device | None:
     facts = _native.device_facts()
     capability = str(getattr(device, "compute_capability", "") or "").replace(".", "")
     sm_count = facts["sm_count"] or int(getattr(device, "core_count", 0) or 0)
-    return Device(kind=str(device.device_kind),
-                  compute_capability=int(capability) if capability.isdigit()
-                  else facts["compute_capability"],
-                  sm_count=sm_count, dram_bytes_per_s=float(facts["dram_bytes_per_s"]))
+    found = Device(kind=str(device.device_kind),
+                   compute_capability=int(capability) if capability.isdigit()
+                   else facts["compute_capability"],
+                   sm_count=sm_count, dram_bytes_per_s=float(facts["dram_bytes_per_s"]))
+    # Cluster slots as measured on this part where its tuning data was calibrated.
+    from . import _data  # (a cycle at import time otherwise)
+    data = _data.shipped(found.kind)
+    if data is not None and data.device.get("sm_count") == sm_count:
+        found = dataclasses.replace(
+            found, cluster_slots_measured=_slots(data.device.get("cluster_slots")))
+    return found
+
+
+def _slots(measured) -> tuple:
+    return tuple(sorted((int(size), int(n)) for size, n in (measured or {}).items()))
 
 
 def device_from_dict(facts: dict, *, local: bool) -> Device:
     return Device(kind=facts["kind"], compute_capability=int(facts["compute_capability"]),
                   sm_count=int(facts["sm_count"]),
-                  dram_bytes_per_s=float(facts["dram_bytes_per_s"]), local=local)
+                  dram_bytes_per_s=float(facts["dram_bytes_per_s"]), local=local,
+                  cluster_slots_measured=_slots(facts.get("cluster_slots")))

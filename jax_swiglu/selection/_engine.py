@@ -150,7 +150,7 @@ def predict(data, device: Device, candidates, dtype: str, problem: _model.Proble
             if factor is not None:
                 predicted[(config.key, splits)] = factor * _model.launch_us(
                     config, splits, problem, device.sm_count, device.dram_bytes_per_s,
-                    data.constants)
+                    data.constants, device.cluster_slots)
     return predicted
 
 

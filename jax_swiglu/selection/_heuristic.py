@@ -66,7 +66,8 @@ def model_alone(candidates, model: _model.Problem, device, constants, splits_of)
     configs with their own decomposition, the gemv kernel at each of its cluster sizes
     ``splits_of(config, k)`` (its only way to fill the SMs)."""
     return {(config.key, splits): _model.launch_us(config, splits, model, device.sm_count,
-                                                   device.dram_bytes_per_s, constants)
+                                                   device.dram_bytes_per_s, constants,
+                                                   device.cluster_slots)
             for config in candidates
             for splits in (splits_of(config, model.k) if config.is_gemv else (1,))}
 

@@ -40,6 +40,10 @@ class Constants:
     stream_k_peer_us: float
     # Stream-K's fixed-order reduction: a partial tile written and read back once per split.
     fixup_bytes_per_element: float
+    # The share of the smaller of a round's tensor-core time and its DRAM time that the
+    # pipeline does not hide behind the larger: 0 is a perfect roofline, 1 no overlap at all.
+    # It matters where the two are close (the swap-AB tiles at a few hundred tokens).
+    unhidden_share: float
     # The gemv kernel (CUDA cores): an SM's fp32 FMA lanes at its boost clock, and the
     # instructions each FMA brings along (unpacking the 16-bit values, loads, addressing).
     gemv_fma_per_sm_per_s: float
@@ -91,20 +95,31 @@ def tile_grid(config, problem: Problem) -> tuple[int, int]:
     """(token tiles, packed-column tiles) of ``config`` on ``problem``, padded to clusters."""
     tiles_m = _ceil(problem.m, config.tile_m)
     tiles_n = _ceil(problem.packed, config.tile_n)
-    if config.m_side == "tokens":
-        tiles_m = _ceil(tiles_m, config.cluster_m) * config.cluster_m
-        tiles_n = _ceil(tiles_n, config.cluster_n) * config.cluster_n
+    tiles_m = _ceil(tiles_m, config.cluster_m) * config.cluster_m
+    tiles_n = _ceil(tiles_n, config.cluster_n) * config.cluster_n
     return tiles_m, tiles_n
 
 
-def split_tail_clusters(config, problem: Problem, sm_count: int) -> int:
+def round_ctas(config, sm_count: int, cluster_slots: dict | None = None) -> int:
+    """CTAs of the persistent grid, one round of tiles: whole clusters. A cluster's CTAs run
+    in one GPC (a group of SMs), so fewer clusters than sm_count / size may fit at once;
+    ``cluster_slots`` (the device's count per cluster size, measured with
+    benchmarks/research/cluster_slots.cu) says how many, and the kernels' grid is that many
+    (ffi/kernels/launch_gemm.cuh, MaxActiveClusters). Without it, sm_count / size."""
+    cluster = config.cluster_m * config.cluster_n
+    slots = (cluster_slots or {}).get(cluster, sm_count // cluster)
+    return max(cluster, slots * cluster)
+
+
+def split_tail_clusters(config, problem: Problem, sm_count: int,
+                        cluster_slots: dict | None = None) -> int:
     """Clusters of a split-tail config that run a 64-row half tile in the last round (0: the
     round does not split), as the kernel plans it (ffi/kernels/split_tail.cuh,
-    SplitTailPlan): a grid of every SM in whole clusters but no more CTAs than tiles, tiles
+    SplitTailPlan): the persistent grid (round_ctas) but no more CTAs than tiles, tiles
     padded to whole clusters, and a last round at most half full split in halves."""
     tiles_m, tiles_n = tile_grid(config, problem)
     cluster = config.cluster_m * config.cluster_n
-    ctas = min(sm_count // cluster * cluster, tiles_m * tiles_n)
+    ctas = min(round_ctas(config, sm_count, cluster_slots), tiles_m * tiles_n)
     last = (tiles_m * tiles_n) % ctas
     return 2 * (last // cluster) if last and 2 * last <= ctas else 0
 
@@ -114,13 +129,13 @@ def _stream_k_keeps_whole_tiles(tiles: int, per_round: int, k_tiles: int) -> boo
     return tiles % per_round == 0 or k_tiles <= 8
 
 
-def rounds(config, splits: int, problem: Problem, sm_count: int) -> float:
+def rounds(config, splits: int, problem: Problem, sm_count: int,
+           cluster_slots: dict | None = None) -> float:
     """Rounds of whole-tile time the call takes on ``sm_count`` SMs (fractions where the
     scheduler balances a ragged last round: stream-K, split tails)."""
     tiles_m, tiles_n = tile_grid(config, problem)
     tiles = tiles_m * tiles_n
-    cluster = config.cluster_m * config.cluster_n
-    per_round = max(cluster, sm_count // cluster * cluster)
+    per_round = round_ctas(config, sm_count, cluster_slots)
     k_tiles = _ceil(problem.k, config.tile_k)
     if config.scheduler == "stream-k":
         if splits > 1:
@@ -131,7 +146,8 @@ def rounds(config, splits: int, problem: Problem, sm_count: int) -> float:
         return tiles / per_round
     per_round = min(per_round, tiles)
     full, last = divmod(tiles, per_round)
-    if config.scheduler == "split-tail" and split_tail_clusters(config, problem, sm_count):
+    if config.scheduler == "split-tail" and split_tail_clusters(config, problem, sm_count,
+                                                                  cluster_slots):
         return full + 0.5
     return full + (1 if last else 0)
 
@@ -181,8 +197,9 @@ def stream_k_peers(config, splits: int, problem: Problem, sm_count: int) -> floa
 
 
 def launch_us(config, splits: int, problem: Problem, sm_count: int, dram_bytes_per_s: float,
-              constants: Constants) -> float:
-    """Predicted GPU time (us) of one launch of ``config`` with ``splits``."""
+              constants: Constants, cluster_slots: dict | None = None) -> float:
+    """Predicted GPU time (us) of one launch of ``config`` with ``splits`` (``cluster_slots``:
+    round_ctas)."""
     if config.scheduler == "cluster-split-k":
         return gemv_us(config, splits, problem, sm_count, dram_bytes_per_s, constants)
     tiles_m, tiles_n = tile_grid(config, problem)
@@ -193,7 +210,7 @@ def launch_us(config, splits: int, problem: Problem, sm_count: int, dram_bytes_p
     # A round's share of the DRAM stream (each operand once, and a share of the rereads of
     # the weights by every row of token tiles and of x by every column of weight tiles), and
     # what one SM's tile can pull alone.
-    round_count = rounds(config, splits, problem, sm_count)
+    round_count = rounds(config, splits, problem, sm_count, cluster_slots)
     e = problem.element_bytes
     loaded = e * k_padded * (tiles_m * config.tile_m * tiles_n + tiles_n * config.tile_n * tiles_m)
     once = e * k_padded * (tiles_m * config.tile_m + tiles_n * config.tile_n)
@@ -201,7 +218,9 @@ def launch_us(config, splits: int, problem: Problem, sm_count: int, dram_bytes_p
     per_round_s = dram_bytes / dram_bytes_per_s / max(round_count, 1e-9)
     tile_bytes = problem.element_bytes * config.tile_n * k_padded
     per_tile_s = tile_bytes / (constants.sm_bandwidth_factor * dram_bytes_per_s / sm_count)
-    seconds = round_count * max(compute_s, per_round_s, per_tile_s)
+    memory_s = max(per_round_s, per_tile_s)
+    seconds = round_count * (max(compute_s, memory_s)
+                             + constants.unhidden_share * min(compute_s, memory_s))
     overhead_us = constants.launch_us
     if config.scheduler == "stream-k":
         split_tiles = tiles if splits > 1 else min(tiles, sm_count)
@@ -266,4 +285,6 @@ def grouped_us(config, problem: Problem, groups: list[tuple[int, int]], sm_count
     per_round_s = dram_bytes / dram_bytes_per_s / round_count
     per_tile_s = e * config.tile_n * k_padded / (constants.sm_bandwidth_factor
                                                  * dram_bytes_per_s / sm_count)
-    return constants.launch_us + 1e6 * round_count * max(compute_s, per_round_s, per_tile_s)
+    memory_s = max(per_round_s, per_tile_s)
+    return constants.launch_us + 1e6 * round_count * (
+        max(compute_s, memory_s) + constants.unhidden_share * min(compute_s, memory_s))

@@ -120,7 +120,7 @@ def time_launches(problem: selection.Problem, launches, *, samples: int = 3, key
     for launch in launches:
         row = launch.row
         estimate = _model.launch_us(row, launch.splits, model, facts.sm_count,
-                                    facts.dram_bytes_per_s, constants)
+                                    facts.dram_bytes_per_s, constants, facts.cluster_slots)
         calls = max(len(sets), min(_MAX_CALLS, math.ceil(_GRAPH_US / estimate)))
         nbytes = _native.workspace_bytes(launch.config, problem.dtype, m=problem.m,
                                          n=problem.n, k=problem.k, splits=launch.splits,
