@@ -24,7 +24,7 @@ import math
 import os
 
 from .._native import KernelConfig
-from . import _model
+from . import _device, _model
 
 FORMAT = "jax_swiglu-tuning/1"
 
@@ -125,8 +125,7 @@ class TuningData:
     def _by_launch(self) -> dict:
         """launch id -> [(dtype, log m, log n, log k, log(measured / model))], for the
         correction; the model is evaluated with this data's own device."""
-        sm_count, bandwidth = self.device["sm_count"], self.device["dram_bytes_per_s"]
-        slots = {int(size): int(n) for size, n in self.device.get("cluster_slots", {}).items()}
+        device = _device.device_from_dict(self.device, local=False)
         table: dict = {}
         for entry in self.entries:
             for launch, us in entry.launch_us.items():
@@ -134,8 +133,9 @@ class TuningData:
                 config = self.config(key)
                 if config is None or not us or us <= 0:
                     continue
-                predicted = _model.launch_us(config, splits, entry.problem, sm_count, bandwidth,
-                                             self.constants, slots)
+                predicted = _model.launch_us(config, splits, entry.problem, device.sm_count,
+                                             device.dram_bytes_per_s, self.constants,
+                                             device.cluster_slots)
                 table.setdefault(launch, []).append(
                     (entry.dtype, math.log(entry.m), math.log(entry.n), math.log(entry.k),
                      math.log(us / predicted)))
