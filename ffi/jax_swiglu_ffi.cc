@@ -334,6 +334,8 @@ const char* ScheduleName(jax_swiglu::Schedule s) {
       return "cooperative";
     case jax_swiglu::Schedule::CudaCores:
       return "cuda-cores";
+    case jax_swiglu::Schedule::TensorCores:
+      return "tensor-cores";
     default:
       return "pingpong";
   }

@@ -16,8 +16,9 @@
 //   family     the kernel the row builds. Interleaved: one GEMM over the packed gate/up matrix,
 //              gate and up paired in the epilogue (kernels/interleaved_kernel.cuh). GateThenUp:
 //              each output tile's gate pass, then its up pass (kernels/gate_then_up_kernel.cuh;
-//              the public kernel="pingpong", the paper's Kernel-1). Gemv: the CUDA-core kernel
-//              for a few tokens (kernels/gemv/gemv_kernel.cuh).
+//              the public kernel="pingpong", the paper's Kernel-1). Gemv: the decode kernels
+//              for a few tokens, one CTA per column block and split of K, the splits adding
+//              their sums in a cluster (kernels/gemv/gemv_kernel.cuh).
 //   operands   Bits16: x and the packed weights in bfloat16 or float16 (one translation unit
 //              each), the output in the same dtype. Fp8E4m3: x quantized per row and the packed
 //              weights K-major ([2 N_pad, K], jax_swiglu/_layout.py) in e4m3, since SM90's fp8
@@ -32,7 +33,9 @@
 //              128 x 128 pingpong one and a 64 x 192 pingpong one spill).
 //   schedule   Cooperative (two math warpgroups share a tile) or Pingpong (each warpgroup its
 //              own tile, one's epilogue overlapping the other's mainloop): CUTLASS's SM90
-//              schedules. CudaCores for the gemv kernel (FMAs, no wgmma).
+//              schedules. The gemv rows: CudaCores (FMAs on weights loaded into registers)
+//              or TensorCores (swap-AB wgmma on weights streamed by TMA through shared
+//              memory, one math warpgroup and a load warp: kernels/gemv/wgmma_gemv.cuh).
 //   m_side     which operand sits on the wgmma M side. Tokens: x rows are the tile's M, the
 //              packed weights its N (the prefill form). Weights ("swap-AB"): the packed
 //              columns are the wgmma M side and the tokens its N, in tiles of any multiple
@@ -43,7 +46,7 @@
 //   tile_m     tokens per tile; tile_n packed columns (gate + up) per tile, twice the output
 //              columns; tile_k the contraction step. The gemv rows: tile_m the most tokens a
 //              row runs (their fp32 sums live in registers), tile_n the packed columns per
-//              CTA, tile_k the K rows per warp step.
+//              CTA, tile_k the K rows per warp step (CudaCores) or pipeline stage (TensorCores).
 //   cluster_m, cluster_n  CTAs per cluster along tokens and packed columns (TMA multicast).
 //   scheduler  Persistent (whole tiles, one CTA per SM); StreamK (CTAs also split tiles along
 //              K and add their partial sums, in a fixed order, in a workspace, so a ragged last
@@ -71,11 +74,12 @@
 // The fp8 rows' Optional ones were timed by the fp8 launch probe (benchmarks/results/
 // NVIDIA_H200): a wider cooperative tile (faster where K is deep, slower where it is short)
 // and 64-deep k tiles, whose promotion every 2 wgmma halves the products the tensor cores add
-// at less than fp32 (exact, and slower). The gemv rows' CTA owns 256 packed columns (one
-// warp's row of 16-byte loads) and steps of 8 rows of K, with no padding of the tokens to a
-// wgmma shape and no TMA or workspace around the weight stream; K is split over a cluster of
-// `splits` CTAs (the launch attribute: 1, 2, 4 or 8) whose sums meet in distributed shared
-// memory in rank order.
+// at less than fp32 (exact, and slower). The CUDA-core gemv rows' CTA owns 256 packed
+// columns (one warp's row of 16-byte loads) and steps of 8 rows of K, with no padding of the
+// tokens to a wgmma shape and no TMA or workspace around the weight stream; the tensor-core
+// ones stream 128 or 256 packed columns by TMA for up to 16 tokens. Both split K over a
+// cluster of `splits` CTAs (the launch attribute: 1, 2, 4 or 8) whose sums meet in
+// distributed shared memory in rank order.
 // X(id, family, operands, schedule, m_side, tile_m, tile_n, tile_k, cluster_m, cluster_n,
 //   scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \
@@ -123,7 +127,9 @@
   X(41, Interleaved, Bits16, Cooperative, Weights, 256, 128, 64, 1, 2, Persistent, DirectStore, 1, Optional) \
   X(42, Interleaved, Bits16, Cooperative, Weights, 208, 128, 64, 1, 1, StreamK, DirectStore, 1, Always) \
   X(43, Interleaved, Bits16, Pingpong, Weights, 128, 128, 64, 1, 2, Persistent, DirectStore, 1, Optional)  \
-  X(44, Interleaved, Bits16, Pingpong, Weights, 160, 128, 64, 1, 2, Persistent, DirectStore, 1, Always)
+  X(44, Interleaved, Bits16, Pingpong, Weights, 160, 128, 64, 1, 2, Persistent, DirectStore, 1, Always) \
+  X(45, Gemv, Bits16, TensorCores, Weights, 16, 128, 64, 1, 1, ClusterSplitK, DirectStore, 1, Always)  \
+  X(46, Gemv, Bits16, TensorCores, Weights, 16, 256, 64, 1, 1, ClusterSplitK, DirectStore, 1, Always)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
@@ -156,7 +162,7 @@ inline constexpr int kActivationCount = 0 JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_COUN
 
 enum class Family { Interleaved, GateThenUp, Gemv };
 enum class Operands { Bits16, Fp8E4m3 };
-enum class Schedule { Cooperative, Pingpong, CudaCores };
+enum class Schedule { Cooperative, Pingpong, CudaCores, TensorCores };
 enum class MmaMSide { Tokens, Weights };
 enum class TileScheduler { Persistent, StreamK, SplitTail, ClusterSplitK, Grouped };
 enum class OutputStore { TmaStore, DirectStore };
@@ -184,10 +190,13 @@ struct KernelConfig {
   // The most tokens a row runs (0: any). The gemv kernel keeps every token's sums in
   // registers, so its rows are built for at most tile_m tokens.
   constexpr int max_m() const { return family == Family::Gemv ? tile_m : 0; }
-  // CTAs an SM holds at once: the gemv kernel's launch bounds ask for two where the sums leave
-  // room in the registers (at most 4 tokens: gemv_kernel.cuh, GemvMinBlocks); the wgmma kernels
-  // are persistent, one CTA per SM.
-  constexpr int ctas_per_sm() const { return family == Family::Gemv && tile_m <= 4 ? 2 : 1; }
+  // CTAs an SM holds at once: the gemv kernels' launch bounds ask for two where the sums leave
+  // room in the registers (the CUDA-core form at most 4 tokens: gemv_kernel.cuh,
+  // GemvMinBlocks) and their pipeline in shared memory (the tensor-core form: wgmma_gemv.cuh);
+  // the GEMM kernels are persistent, one CTA per SM.
+  constexpr int ctas_per_sm() const {
+    return family == Family::Gemv && (schedule == Schedule::TensorCores || tile_m <= 4) ? 2 : 1;
+  }
   // Whether the `splits` launch attribute means something: stream-K's split-K factor, the
   // gemv kernel's cluster size.
   constexpr bool takes_splits() const {
@@ -217,17 +226,24 @@ static_assert(ConfigIdsAreRowIndices(), "config ids must be 0, 1, 2, ... in tabl
 
 constexpr bool IsValidRow(const KernelConfig& c) {
   const bool gemv = c.family == Family::Gemv;
-  // CudaCores and ClusterSplitK are the gemv kernel's alone.
-  if (gemv != (c.schedule == Schedule::CudaCores) ||
+  // CudaCores, TensorCores and ClusterSplitK are the gemv kernels' alone.
+  if (gemv != (c.schedule == Schedule::CudaCores || c.schedule == Schedule::TensorCores) ||
       gemv != (c.scheduler == TileScheduler::ClusterSplitK)) {
     return false;
   }
   if (gemv) {
+    const bool common = c.operands == Operands::Bits16 && c.m_side == MmaMSide::Weights &&
+                        c.cluster_m == 1 && c.cluster_n == 1 &&
+                        c.store == OutputStore::DirectStore && c.m_bands == 1;
+    if (c.schedule == Schedule::TensorCores) {
+      // One warpgroup's wgmma over whole 64-row atoms of packed columns (whole gate/up
+      // pairs), 8 or 16 tokens on its N side, 64-row stages of 128-byte swizzled boxes.
+      return common && (c.tile_m == 8 || c.tile_m == 16) &&
+             (c.tile_n == 128 || c.tile_n == 256) && c.tile_k == 64;
+    }
     // A warp's row of 16-byte loads per CTA, 8-row steps, at most 8 tokens (their sums take
-    // 8 registers each per thread), 16-bit operands.
-    return c.operands == Operands::Bits16 && c.m_side == MmaMSide::Weights && c.tile_m >= 1 &&
-           c.tile_m <= 8 && c.tile_n == 256 && c.tile_k == 8 && c.cluster_m == 1 &&
-           c.cluster_n == 1 && c.store == OutputStore::DirectStore && c.m_bands == 1;
+    // 8 registers each per thread).
+    return common && c.tile_m >= 1 && c.tile_m <= 8 && c.tile_n == 256 && c.tile_k == 8;
   }
   if (c.tile_n % (2 * kGateUpBlock) != 0) return false;  // whole gate/up pairs per tile
   if (c.grouped()) {

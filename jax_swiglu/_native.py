@@ -72,7 +72,8 @@ class KernelConfig:
     def describe(self) -> str:
         fp8 = "e4m3, " if self.operands == "e4m3" else ""
         if self.is_gemv:
-            return (f"{fp8}CUDA cores, up to {self.tile_m} tokens, {self.tile_n} packed columns "
+            cores = "tensor cores (TMA, wgmma)" if self.schedule == "tensor-cores" else "CUDA cores"
+            return (f"{fp8}{cores}, up to {self.tile_m} tokens, {self.tile_n} packed columns "
                     f"per CTA, K split over a cluster, direct store")
         if self.grouped:
             return (f"grouped {self.schedule} {self.tile_m}x{self.tile_n}x{self.tile_k}"
@@ -90,7 +91,8 @@ class KernelConfig:
         """What the row's kernel does, without the tile jargon (docs/design.md has that)."""
         fp8 = "fp8 " if self.operands == "e4m3" else ""
         if self.is_gemv:
-            return (f"{fp8}CUDA-core GEMV: the weights streamed once, for at most "
+            cores = "tensor-core" if self.schedule == "tensor-cores" else "CUDA-core"
+            return (f"{fp8}{cores} GEMV: the weights streamed once, for at most "
                     f"{self.tile_m} token{'s' if self.tile_m > 1 else ''}")
         if self.grouped:
             return (f"{fp8}one grouped GEMM over every expert's packed gate/up weights, tiles "

@@ -47,7 +47,7 @@ SANITIZER_ENV = {
 SANITIZER_XLA_FLAGS = ("--xla_gpu_autotune_level=0", "--xla_gpu_enable_command_buffer=")
 
 EDGE_M = (1, 63, 65, 129)  # one row; around the 64-row (pingpong) and 128-row tiles
-GEMV_M = (1, 2, 3, 4, 7, 8)  # the gemv rows' tokens: each row's most, one below it
+GEMV_M = (1, 2, 3, 4, 7, 8, 11, 16)  # the gemv rows' tokens: each row's most, one below it
 SMALL, LARGE = "qwen2.5-0.5b", "qwen2.5-72b"  # (896, 4864) and (8192, 29568)
 
 

@@ -330,22 +330,26 @@ def test_gemv_kernel_lowering():
     as the `splits` attribute and no workspace result; M beyond a config's tokens, or a
     split that is not a cluster size, is refused."""
     configs = _rows("gemv")
-    assert configs and all(c.schedule == "cuda-cores" and c.max_m == c.tile_m <= 8
-                           for c in configs)
+    assert {c.schedule for c in configs} == {"cuda-cores", "tensor-cores"}
+    assert all(c.max_m == c.tile_m <= (8 if c.schedule == "cuda-cores" else 16)
+               for c in configs)
     most = max(configs, key=lambda c: c.tile_m)
-    packed = _packed(k=128)  # 16 steps of 8 rows: every cluster size
+    k = 512  # 64 steps of 8 rows, 8 of 64: every cluster size for both forms
+    packed = _packed(k=k)
     fn = lambda x, p: swiglu(x, p, kernel="gemv")  # noqa: E731
-    hlo = cuda_hlo(fn, _x(most.tile_m, k=128), packed)
+    hlo = cuda_hlo(fn, _x(most.tile_m, k=k), packed)
     assert [t for t, _ in custom_calls(hlo)] == ["jax_swiglu_gemv_silu_bf16"]
     assert "tuple<" not in hlo.split("jax_swiglu_gemv_silu_bf16")[1].split("\n")[0]
     with pytest.raises(ValueError, match="gemv"):
-        cuda_hlo(fn, _x(most.tile_m + 1, k=128), packed)
-    hlo = cuda_hlo(lambda x, p: swiglu(x, p, launch=f"{most.id},splits=8"), _x(3, k=128), packed)
-    assert re.search(r"splits = 8 : i64", hlo)
-    for bad in (f"{most.id},splits=3", f"{most.id},splits=16"):
-        with pytest.raises(ValueError, match="cluster"):
-            jax.jit(lambda x, p: swiglu(x, p, launch=bad)).trace(_x(3, k=128), packed)
+        cuda_hlo(fn, _x(most.tile_m + 1, k=k), packed)
+    for row in configs:
+        x = _x(min(3, row.tile_m), k=k)
+        hlo = cuda_hlo(lambda x, p: swiglu(x, p, launch=f"{row.id},splits=8"), x, packed)
+        assert re.search(r"splits = 8 : i64", hlo)
+        for bad in (f"{row.id},splits=3", f"{row.id},splits=16"):
+            with pytest.raises(ValueError, match="cluster"):
+                jax.jit(lambda x, p: swiglu(x, p, launch=bad)).trace(x, packed)
     smallest = min(configs, key=lambda c: c.tile_m)
     with pytest.raises(ValueError, match="at most"):
-        cuda_hlo(lambda x, p: swiglu(x, p, launch=smallest), _x(smallest.tile_m + 1, k=128),
+        cuda_hlo(lambda x, p: swiglu(x, p, launch=smallest), _x(smallest.tile_m + 1, k=k),
                  packed)

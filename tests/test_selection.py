@@ -461,15 +461,21 @@ def test_stream_k_fixup_is_a_chain():
 
 @requires_kernels
 def test_gemv_rows_come_from_the_extension():
-    """The gemv rows run at most their tokens, split K over clusters of 1-8 CTAs (each at
-    least one 8-row step), and hold two CTAs an SM up to 4 tokens: the extension says so."""
-    rows = {row.tile_m: row for row in _native.kernel_configs().values() if row.is_gemv}
-    assert sorted(rows) == [1, 2, 4, 8]
-    for tokens, row in rows.items():
-        assert row.runs(tokens) and not row.runs(tokens + 1) and row.takes_splits
-        assert row.ctas_per_sm == (2 if tokens <= 4 else 1)
+    """The gemv rows run at most their tokens and split K over clusters of 1-8 CTAs (each at
+    least one step of K: 8 rows on the CUDA cores, a 64-row stage on the tensor cores); the
+    CUDA-core ones hold two CTAs an SM up to 4 tokens, the tensor-core ones always (their
+    stages sized for it): the extension says so."""
+    gemv = [row for row in _native.kernel_configs().values() if row.is_gemv]
+    cuda_cores = {row.tile_m: row for row in gemv if row.schedule == "cuda-cores"}
+    tensor_cores = [row for row in gemv if row.schedule == "tensor-cores"]
+    assert sorted(cuda_cores) == [1, 2, 4, 8]
+    assert sorted(row.tile_n for row in tensor_cores) == [128, 256]
+    for row in gemv:
+        assert row.runs(row.tile_m) and not row.runs(row.tile_m + 1) and row.takes_splits
+        assert row.ctas_per_sm == (2 if row.schedule == "tensor-cores" or row.tile_m <= 4 else 1)
         assert _native.split_choices(row.id, 4096) == (1, 2, 4, 8)
-        assert _native.split_choices(row.id, 16) == (1, 2)
+        assert _native.split_choices(row.id, 2 * row.tile_k) == (1, 2)
+    assert all(row.tile_m == 16 and row.runs(1) for row in tensor_cores)
     stream_k = [row for row in _native.kernel_configs().values() if row.scheduler == "stream-k"]
     assert all(_native.split_choices(row.id, 4096) == (1, 2, 4) for row in stream_k)
     assert all(_native.split_choices(row.id, 64) == (1,) for row in stream_k)

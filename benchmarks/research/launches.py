@@ -1,9 +1,10 @@
 """Forced 16-bit launches beside the bare GEMM, XLA and auto, on a few shapes (GPU).
 
     python -m benchmarks.research.launches --models 4096x12800 --m 200 777 --configs 38 39 40
+    python -m benchmarks.research.launches --models llama-3-8b --m 1 8 --configs 45 45,splits=2
 
 For each (model, M) it compiles one function per launch, forced with
-``swiglu(..., launch="<config>")`` (and checked to lower to that config), and times them with
+``swiglu(..., launch="<config>")`` (a row id, or an id and its split; checked to lower to that config), and times them with
 the benchmark's own variants (bench_swiglu: the bare ``[M, K] x [K, 2N]`` GEMM, XLA's
 expression, auto) in interleaved rounds with CUPTI, on the benchmark's rotation of inputs past
 the L2. It also counts each launch's elements off the fp32 spec by more than 1 % + 1e-3. It
@@ -30,10 +31,11 @@ from ..shapes import mlp_shape
 
 def _forced(sets, config):
     """A jitted call of every set through launch ``config``, after checking its lowering."""
-    run = fused(launch=str(config))
+    run = fused(launch=config)
     fn = jax.jit(lambda xs, ws: [run(x, w) for x, w in zip(xs, ws)])
     xs, ws = [s[0] for s in sets], [s[1] for s in sets]
-    if not re.search(rf"\bconfig = {config} : i64", fn.lower(xs, ws).as_text()):
+    row_id = config.split(",")[0]
+    if not re.search(rf"\bconfig = {row_id} : i64", fn.lower(xs, ws).as_text()):
         raise RuntimeError(f"launch={config} did not reach the lowering")
     return fn, run
 
@@ -49,7 +51,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["4096x12800"])
     parser.add_argument("--m", nargs="*", type=int, default=[200, 777])
-    parser.add_argument("--configs", nargs="*", type=int, required=True)
+    parser.add_argument("--configs", nargs="*", required=True,
+                        help="launches: a row id, or an id with its split (45,splits=2)")
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=float("inf"),
@@ -71,7 +74,7 @@ def main(argv=None):
                    for name, v in variants().items()}
             runs = {}
             for config in args.configs:
-                row = table[config]
+                row = table[int(config.split(",")[0])]
                 if row.max_m and m > row.max_m:
                     continue
                 fns[f"c{config}"], runs[f"c{config}"] = _forced(sets, config)

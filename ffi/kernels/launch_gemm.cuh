@@ -5,6 +5,7 @@
 
 #include <cutlass/cutlass.h>
 #include <cutlass/device_kernel.h>
+#include <cutlass/gemm/gemm_enumerated_types.h>
 #include <cutlass/kernel_hardware_info.hpp>
 #include <cutlass/numeric_types.h>
 

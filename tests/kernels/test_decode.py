@@ -52,15 +52,17 @@ GEMV_SHAPES = [(4096, 11008), (896, 4864), (1000, 200), (136, 72), (8, 40)]
 
 
 def _gemv_cases():
-    """Each gemv row (one of a ladder of token counts) at its most tokens and those below it
-    down to the next row's, on every shape and split K allows."""
-    gemv = sorted(rows(family="gemv"), key=lambda r: r.tile_m)
+    """Each gemv row at its most tokens and those below it: the CUDA-core rows (a ladder of
+    token counts) down to the next row's, the tensor-core rows (any M up to their token
+    tile) down to 1; on every shape and split K allows."""
     cases = []
-    for below, row in zip([None] + gemv[:-1], gemv):
-        low = (below.tile_m if below else 0) + 1
-        for m in sorted({low, (low + row.tile_m) // 2, row.tile_m}):
-            for k, n in GEMV_SHAPES:
-                cases += [(row.id, m, k, n, s) for s in _native.split_choices(row.id, k)]
+    for schedule in ("cuda-cores", "tensor-cores"):
+        gemv = sorted(rows(family="gemv", schedule=schedule), key=lambda r: r.tile_m)
+        for below, row in zip([None] + gemv[:-1], gemv):
+            low = (below.tile_m if below and schedule == "cuda-cores" else 0) + 1
+            for m in sorted({low, (low + row.tile_m) // 2, row.tile_m}):
+                for k, n in GEMV_SHAPES:
+                    cases += [(row.id, m, k, n, s) for s in _native.split_choices(row.id, k)]
     return cases
 
 
@@ -70,9 +72,10 @@ def test_gemv_rows_and_splits(config, m, k, n, splits, key):
 
 
 def _deterministic_cases():
-    widest_gemv = max(rows(family="gemv"), key=lambda r: r.tile_m)
+    widest_gemv = [max(rows(family="gemv", schedule=s), key=lambda r: r.tile_m)
+                   for s in ("cuda-cores", "tensor-cores")]
     return ([(c, s, 33, "16bit") for c in _swap_ab() for s in (1, 4)]
-            + [(widest_gemv.id, s, widest_gemv.tile_m, "16bit") for s in (1, 8)]
+            + [(row.id, s, row.tile_m, "16bit") for row in widest_gemv for s in (1, 8)]
             + [(c, 1, 33, "e4m3") for c in _swap_ab("e4m3")]
             + [(r.id, 1, 300, "e4m3") for r in rows(operands="e4m3", scheduler="stream-k",
                                                     m_side="tokens")])

@@ -178,8 +178,8 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) GemvMmaKernel(GemvPa
           shared[(warp * kTokens + token) * kColumns + column] = acc[c][i][tt][j];
         }
 
-  jax_swiglu::GemvReduceAndStore<kTokens, kColumns, Tag, kActivation>(p, shared, blockIdx.x,
-                                                                  gridDim.x);
+  jax_swiglu::ReduceSplitsAndStore<kTokens, kColumns, kGemvWarps, kGemvThreads, kColumns, Tag,
+                                   kActivation>(p, shared, blockIdx.x, gridDim.x);
 }
 // Each thread loads the mma form's rows of its chunks and folds the words together; one
 // float per thread goes out (to `out`, which must hold a float per thread of the grid).
@@ -237,15 +237,21 @@ std::string LaunchGemvMma(const jax_swiglu::SwigluProblem& p,
   static std::mutex mutex;
   static std::set<int> opted_in;
   constexpr int kColumns = 64 * kChunks;
+  const GemvParams params = jax_swiglu::MakeGemvParams(p, kGemvMmaRows);
   if constexpr (kStreamOnly) {
-    return jax_swiglu::LaunchGemvGrid(StreamOnlyKernel<kChunks, kUnroll, kMinBlocks>, 0, kColumns,
-                                      kGemvMmaRows, p, facts, stream, mutex, opted_in);
+    return jax_swiglu::LaunchClusterSplitKGrid(StreamOnlyKernel<kChunks, kUnroll, kMinBlocks>,
+                                               params, kGemvThreads, 0, kColumns, p, facts,
+                                               stream);
   } else {
     constexpr int kShared = kGemvWarps * 8 * kTokenTiles * kColumns * int(sizeof(float));
-    return jax_swiglu::LaunchGemvGrid(
-        GemvMmaKernel<kTokenTiles, kChunks, jax_swiglu::BF16, Activation::Silu, kUnroll,
-                      kMinBlocks>,
-        kShared, kColumns, kGemvMmaRows, p, facts, stream, mutex, opted_in);
+    auto* kernel = GemvMmaKernel<kTokenTiles, kChunks, jax_swiglu::BF16, Activation::Silu,
+                                 kUnroll, kMinBlocks>;
+    if (std::string err = jax_swiglu::OptInSharedMemory(kernel, kShared, facts, mutex, opted_in);
+        !err.empty()) {
+      return err;
+    }
+    return jax_swiglu::LaunchClusterSplitKGrid(kernel, params, kGemvThreads, kShared, kColumns, p,
+                                               facts, stream);
   }
 }
 

@@ -1,26 +1,20 @@
-// The fused kernel for a few tokens (decode): act(x @ W_gate) * (x @ W_up) as a GEMV on CUDA
-// cores that streams the packed weights once, with no wgmma, no TMA and no workspace.
-//
-// At M <= 8 a call is a stream of the packed [K, 2N] weights; what decides its time is how
+// The decode kernel family (few tokens): act(x @ W_gate) * (x @ W_up) as one stream of the
+// packed weights, K split over a thread-block cluster whose sums meet in distributed shared
+// memory (split_k_store.cuh): no workspace, no fixup in global memory. Two forms:
+//  - on CUDA cores (this file): no wgmma and no TMA; a CTA owns 256 packed columns (one
+//    warp's row of 16-byte loads: 512 bytes of each weight row) and one of `splits` equal
+//    ranges of K; its 8 warps take the range's 8-row steps in turn, each thread keeping fp32
+//    sums of its 8 packed columns for every token (in K order), which meet in warp order and
+//    then in rank order over the cluster.
+//  - on the tensor cores (wgmma_gemv.cuh): swap-AB wgmma fed by TMA through a pipeline in
+//    shared memory, for up to 16 tokens.
+// At M <= 16 a call is a stream of the packed [K, 2N] weights; what decides its time is how
 // many bytes are in flight on every SM and how little the launch costs around the stream.
-// A CTA owns 256 packed columns (one warp's row of 16-byte loads: 512 bytes of each weight
-// row) and one of `splits` equal ranges of K; its 8 warps take the range's 8-row steps in
-// turn. Each thread keeps fp32 sums of its 8 packed columns for every token. The sums meet in
-// a fixed order, so the result is bitwise the same on every call:
-//  1. within a thread, over its rows in K order;
-//  2. within the CTA, over the 8 warps in warp order (shared memory);
-//  3. over the splits, which are one thread-block cluster: CTA 0 adds the others' sums from
-//     their shared memory (distributed shared memory), in rank order.
-// CTA 0 then pairs each gate sum with its up sum (32 packed columns apart in the packed
-// layout, jax_swiglu/_layout.py), applies the activation in fp32 and rounds once. Nothing
-// is allocated, synchronized with the host, or written outside `out`. Launched with PDL
-// (launch.h), it waits for the previous kernel before its first load. (A tensor-core form on
-// mma.sync, measured slower, lives in benchmarks/research/gemv_probe/.)
+// Launched with PDL (launch.h), each waits for the previous kernel before its first load.
+// (A tensor-core form on mma.sync with direct loads, measured slower, lives in
+// benchmarks/research/gemv_probe/.)
 #pragma once
 
-#include <cooperative_groups.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -31,6 +25,8 @@
 #include "../../kernel_configs.h"
 #include "../../launch.h"
 #include "../activations.cuh"
+#include "split_k_store.cuh"
+#include "wgmma_gemv.cuh"
 
 namespace jax_swiglu {
 
@@ -41,28 +37,6 @@ inline constexpr int kGemvColumns = 256;
 // K rows per step of a warp.
 inline constexpr int kGemvRows = 8;
 
-template <class Tag>
-struct GemvElement;
-template <>
-struct GemvElement<BF16> {
-  using type = __nv_bfloat16;
-  // The two 2-byte values of a 32-bit word as floats (low half first).
-  static __device__ __forceinline__ float2 Unpack(uint32_t word) {
-    return make_float2(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u));
-  }
-  static __device__ __forceinline__ __nv_bfloat16 Round(float v) { return __float2bfloat16_rn(v); }
-};
-template <>
-struct GemvElement<F16> {
-  using type = __half;
-  static __device__ __forceinline__ float2 Unpack(uint32_t word) {
-    __half2 h;
-    *reinterpret_cast<uint32_t*>(&h) = word;
-    return __half22float2(h);
-  }
-  static __device__ __forceinline__ __half Round(float v) { return __float2half_rn(v); }
-};
-
 // 16 bytes of weights, read once: not kept in L1, and fetched from DRAM in 256-byte
 // sectors (a warp reads 512 contiguous bytes of a row).
 __device__ __forceinline__ uint4 LoadWeights(const void* address) {
@@ -72,15 +46,6 @@ __device__ __forceinline__ uint4 LoadWeights(const void* address) {
       : "l"(address));
   return v;
 }
-
-struct GemvParams {
-  const void* x;       // [m, k]
-  const void* packed;  // [k, packed_columns]
-  void* out;           // [m, n]
-  int m, n, k;
-  int packed_columns;  // 2 * n_packed
-  int steps_per_split;  // steps of K per split
-};
 
 // The fp32 sums of `kTokens` tokens for this thread's 8 packed columns over `rows` rows
 // starting at `row` (a multiple of kGemvRows each), added into `sums`.
@@ -106,69 +71,6 @@ __device__ __forceinline__ void AccumulateStep(const GemvParams& p, const uint4*
         sums[t][2 * j + 1] = fmaf(xi, w.y, sums[t][2 * j + 1]);
       }
     }
-  }
-}
-
-// Steps 2 and 3 and the store: `shared` holds every warp's fp32 sums as [warp][token][column]
-// (kTokens token slots, kColumns packed columns; written before the call). The thread that
-// owns a column adds the warps' sums in warp order, CTA 0 of the cluster (`split` of
-// `splits`) adds the other CTAs' in rank order, and it pairs each gate sum with its up sum,
-// applies the activation in fp32 and rounds once to `Tag`.
-template <int kTokens, int kColumns, class Tag, Activation kActivation>
-__device__ __forceinline__ void GemvReduceAndStore(const GemvParams& p, float* shared, int split,
-                                                   int splits) {
-  using E = GemvElement<Tag>;
-  namespace cg = cooperative_groups;
-  static_assert(kColumns <= kGemvThreads, "at most one column per thread in the reduction");
-  __syncthreads();
-  const int c = threadIdx.x;
-  // (Threads past the CTA's columns, where it has fewer than threads, only store.)
-  const bool owns_column = kColumns == kGemvThreads || c < kColumns;
-  if (owns_column) {
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) {
-      float v = shared[t * kColumns + c];
-#pragma unroll
-      for (int w = 1; w < kGemvWarps; ++w) v += shared[(w * kTokens + t) * kColumns + c];
-      shared[t * kColumns + c] = v;
-    }
-  }
-
-  if (splits > 1) {
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every CTA's sums are written and visible to the cluster
-    if (split == 0 && owns_column) {
-      float v[kTokens];
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) v[t] = shared[t * kColumns + c];
-      for (int r = 1; r < splits; ++r) {
-        const float* peer = cluster.map_shared_rank(shared, r);
-#pragma unroll
-        for (int t = 0; t < kTokens; ++t) v[t] += peer[t * kColumns + c];
-      }
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) shared[t * kColumns + c] = v[t];
-    }
-    cluster.sync();  // the peers' shared memory stays valid until CTA 0 has read it
-    if (split != 0) return;
-  } else {
-    __syncthreads();
-  }
-
-  // Pairs: packed column 64 b + i (i < 32) is gate, 64 b + 32 + i its up; run position i
-  // = 8 j + 2 q + e holds the run's column 8 q + 2 j + e (the quad transpose).
-  auto* out = static_cast<typename E::type*>(p.out);
-  constexpr int kOutputs = kColumns / 2;
-  for (int item = threadIdx.x; item < kTokens * kOutputs; item += kGemvThreads) {
-    const int t = item / kOutputs, o = item % kOutputs;
-    const int pair = o / kGateUpBlock, position = o % kGateUpBlock;
-    const int j = position / 8, q = (position % 8) / 2, e = position % 2;
-    const int64_t n = int64_t(blockIdx.y) * kOutputs + pair * kGateUpBlock + 8 * q + 2 * j + e;
-    if (t >= p.m || n >= p.n) continue;
-    const int column = 2 * kGateUpBlock * pair + position;  // the gate's; up is 32 on
-    const float gate = shared[t * kColumns + column];
-    const float up = shared[t * kColumns + kGateUpBlock + column];
-    out[int64_t(t) * p.n + n] = E::Round(Activate<kActivation, false>(gate) * up);
   }
 }
 
@@ -241,7 +143,8 @@ __global__ void __launch_bounds__(kGemvThreads, GemvMinBlocks(kTokens)) GemvSwig
     row[0] = make_float4(sums[t][0], sums[t][1], sums[t][2], sums[t][3]);
     row[1] = make_float4(sums[t][4], sums[t][5], sums[t][6], sums[t][7]);
   }
-  GemvReduceAndStore<kTokens, kGemvColumns, Tag, kActivation>(p, shared, split, splits);
+  ReduceSplitsAndStore<kTokens, kGemvColumns, kGemvWarps, kGemvThreads, kGemvColumns, Tag,
+                       kActivation>(p, shared, split, splits);
 }
 
 // Every warp's fp32 sums of every token and packed column of the CTA.
@@ -249,65 +152,36 @@ constexpr int GemvSharedBytes(const KernelConfig& config) {
   return kGemvWarps * config.tile_m * config.tile_n * static_cast<int>(sizeof(float));
 }
 
-// Launches `kernel`, a gemv form whose CTAs hold `shared_bytes` of shared memory and own
-// `columns` packed columns in steps of `rows` rows of K, over `p` (checked by the caller):
-// the grid is (splits, column blocks), one cluster per column block. Above the default
-// shared-memory limit the kernel opts in once per device (`opted_in`, under `opt_in_mutex`:
-// a host call kept out of the per-call path).
-template <class Kernel>
-std::string LaunchGemvGrid(Kernel* kernel, int shared_bytes, int columns, int rows,
-                           const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream,
-                           std::mutex& opt_in_mutex, std::set<int>& opted_in) {
-  if (shared_bytes > 48 * 1024) {
-    std::lock_guard<std::mutex> lock(opt_in_mutex);
-    if (!opted_in.count(facts.device)) {
-      if (cudaError_t err = cudaFuncSetAttribute(
-              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
-          err != cudaSuccess) {
-        return std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(err);
-      }
-      opted_in.insert(facts.device);
-    }
-  }
-  const int steps = static_cast<int>((p.k + rows - 1) / rows);
-  GemvParams params{p.x, p.packed, p.out, static_cast<int>(p.m), static_cast<int>(p.n),
-                    static_cast<int>(p.k), static_cast<int>(2 * p.n_packed),
-                    (steps + p.splits - 1) / p.splits};
-  const int column_blocks = static_cast<int>((2 * p.n_packed + columns - 1) / columns);
-  cudaLaunchAttribute attrs[2];
-  cudaLaunchConfig_t launch{};
-  launch.gridDim = dim3(p.splits, column_blocks, 1);
-  launch.blockDim = dim3(kGemvThreads, 1, 1);
-  launch.dynamicSmemBytes = shared_bytes;
-  launch.stream = stream;
-  launch.attrs = attrs;
-  launch.numAttrs = LaunchAttributes(facts, dim3(p.splits, 1, 1), /*always_cluster=*/false, attrs);
-  if (cudaError_t err = cudaLaunchKernelEx(&launch, kernel, params); err != cudaSuccess) {
-    return std::string("gemv kernel launch failed: ") + cudaGetErrorString(err);
-  }
-  return {};
-}
-
 template <int ConfigId, class ElementTag, Activation kActivation>
 std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream) {
   constexpr KernelConfig config = kConfigs[ConfigId];
-  static_assert(config.family == Family::Gemv && config.tile_n == kGemvColumns &&
-                    config.tile_k == kGemvRows,
-                "the gemv kernel's CTA is one warp's row of loads, 8 rows a step");
+  static_assert(config.family == Family::Gemv, "a row of the decode family");
   // (Tokens, K, N and the split: CannotRun, before this.)
   for (const void* ptr : {p.x, p.packed, static_cast<const void*>(p.out)}) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
       return "gemv config " + std::to_string(ConfigId) + " needs 16-byte aligned buffers";
     }
   }
-  static std::mutex opt_in_mutex;
-  static std::set<int> opted_in;
-  return LaunchGemvGrid(GemvSwigluKernel<config.tile_m, ElementTag, kActivation>,
-                        GemvSharedBytes(config), config.tile_n, config.tile_k, p, facts, stream,
-                        opt_in_mutex, opted_in);
+  if constexpr (config.schedule == Schedule::TensorCores) {
+    return LaunchWgmmaGemv<config.tile_m, config.tile_n, ElementTag, kActivation>(p, facts,
+                                                                                  stream);
+  } else {
+    static_assert(config.tile_n == kGemvColumns && config.tile_k == kGemvRows,
+                  "the CUDA-core form's CTA is one warp's row of loads, 8 rows a step");
+    static std::mutex opt_in_mutex;
+    static std::set<int> opted_in;
+    auto* kernel = GemvSwigluKernel<config.tile_m, ElementTag, kActivation>;
+    const int shared_bytes = GemvSharedBytes(config);
+    if (std::string err = OptInSharedMemory(kernel, shared_bytes, facts, opt_in_mutex, opted_in);
+        !err.empty()) {
+      return err;
+    }
+    return LaunchClusterSplitKGrid(kernel, MakeGemvParams(p, config.tile_k), kGemvThreads,
+                                   shared_bytes, config.tile_n, p, facts, stream);
+  }
 }
 
-// The gemv kernel needs no workspace.
+// Neither form needs a workspace.
 template <int ConfigId, class ElementTag, Activation kActivation>
 size_t GemvWorkspaceBytes(const SwigluProblem&, const DeviceFacts&) {
   return 0;

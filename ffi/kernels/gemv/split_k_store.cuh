@@ -1,0 +1,176 @@
+// What both forms of the decode kernel (the CUDA-core GEMV, gemv_kernel.cuh, and the wgmma
+// one, wgmma_gemv.cuh) share: K split over a thread-block cluster whose CTAs add their fp32
+// sums in distributed shared memory, in rank order, then the gate/up pairing, the activation
+// and one rounding; and the launch of such a grid.
+//
+// A CTA owns `kColumns` packed columns (blockIdx.y) and one of `splits` ranges of K
+// (blockIdx.x, its rank in the cluster). The sums meet in a fixed order, so the result is
+// bitwise the same on every call: within the CTA over its warps' partial sums in warp order,
+// then over the splits in rank order (CTA 0 reads the others' shared memory). Nothing is
+// allocated, synchronized with the host, or written outside `out`.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "../../kernel_configs.h"
+#include "../../launch.h"
+#include "../activations.cuh"
+
+namespace jax_swiglu {
+
+template <class Tag>
+struct GemvElement;
+template <>
+struct GemvElement<BF16> {
+  using type = __nv_bfloat16;
+  // The two 2-byte values of a 32-bit word as floats (low half first).
+  static __device__ __forceinline__ float2 Unpack(uint32_t word) {
+    return make_float2(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u));
+  }
+  static __device__ __forceinline__ __nv_bfloat16 Round(float v) { return __float2bfloat16_rn(v); }
+};
+template <>
+struct GemvElement<F16> {
+  using type = __half;
+  static __device__ __forceinline__ float2 Unpack(uint32_t word) {
+    __half2 h;
+    *reinterpret_cast<uint32_t*>(&h) = word;
+    return __half22float2(h);
+  }
+  static __device__ __forceinline__ __half Round(float v) { return __float2half_rn(v); }
+};
+
+struct GemvParams {
+  const void* x;       // [m, k]
+  const void* packed;  // [k, packed_columns]
+  void* out;           // [m, n]
+  int m, n, k;
+  int packed_columns;  // 2 * n_packed
+  int steps_per_split;  // steps of K (the form's tile_k rows each) per split
+};
+
+// The reduction and the store, called by all `kThreads` threads of every CTA of the cluster.
+// `shared` holds the CTA's fp32 partial sums as [warp][token][column] (kWarps partial sums,
+// kTokens token slots, kColumns packed columns in rows of kStride floats; written before the
+// call). The sums are added over the warps in warp order and over the cluster's CTAs in rank
+// order; CTA 0 then pairs each gate sum with its up sum, applies the activation in fp32 and
+// rounds once to `Tag`.
+template <int kTokens, int kColumns, int kWarps, int kThreads, int kStride, class Tag,
+          Activation kActivation>
+__device__ __forceinline__ void ReduceSplitsAndStore(const GemvParams& p, float* shared,
+                                                     int split, int splits) {
+  using E = GemvElement<Tag>;
+  namespace cg = cooperative_groups;
+  static_assert(kStride >= kColumns, "a row of sums holds the CTA's columns");
+  __syncthreads();
+  if constexpr (kWarps > 1) {
+    for (int c = threadIdx.x; c < kColumns; c += kThreads) {
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        float v = shared[t * kStride + c];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) v += shared[(w * kTokens + t) * kStride + c];
+        shared[t * kStride + c] = v;
+      }
+    }
+  }
+
+  if (splits > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every CTA's sums are written and visible to the cluster
+    if (split == 0) {
+      for (int c = threadIdx.x; c < kColumns; c += kThreads) {
+        float v[kTokens];
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t) v[t] = shared[t * kStride + c];
+        for (int r = 1; r < splits; ++r) {
+          const float* peer = cluster.map_shared_rank(shared, r);
+#pragma unroll
+          for (int t = 0; t < kTokens; ++t) v[t] += peer[t * kStride + c];
+        }
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t) shared[t * kStride + c] = v[t];
+      }
+    }
+    cluster.sync();  // the peers' shared memory stays valid until CTA 0 has read it
+    if (split != 0) return;
+  } else {
+    __syncthreads();
+  }
+
+  // Pairs: packed column 64 b + i (i < 32) is gate, 64 b + 32 + i its up; run position i
+  // = 8 j + 2 q + e holds the run's column 8 q + 2 j + e (the quad transpose).
+  auto* out = static_cast<typename E::type*>(p.out);
+  constexpr int kOutputs = kColumns / 2;
+  for (int item = threadIdx.x; item < kTokens * kOutputs; item += kThreads) {
+    const int t = item / kOutputs, o = item % kOutputs;
+    const int pair = o / kGateUpBlock, position = o % kGateUpBlock;
+    const int j = position / 8, q = (position % 8) / 2, e = position % 2;
+    const int64_t n = int64_t(blockIdx.y) * kOutputs + pair * kGateUpBlock + 8 * q + 2 * j + e;
+    if (t >= p.m || n >= p.n) continue;
+    const int column = 2 * kGateUpBlock * pair + position;  // the gate's; up is 32 on
+    const float gate = shared[t * kStride + column];
+    const float up = shared[t * kStride + kGateUpBlock + column];
+    out[int64_t(t) * p.n + n] = E::Round(Activate<kActivation, false>(gate) * up);
+  }
+}
+
+// Opts `kernel` into `shared_bytes` of dynamic shared memory once per device (`opted_in`,
+// under `opt_in_mutex`: a host call kept out of the per-call path) where that is above the
+// default limit.
+template <class Kernel>
+std::string OptInSharedMemory(Kernel* kernel, int shared_bytes, const DeviceFacts& facts,
+                              std::mutex& opt_in_mutex, std::set<int>& opted_in) {
+  if (shared_bytes <= 48 * 1024) return {};
+  std::lock_guard<std::mutex> lock(opt_in_mutex);
+  if (!opted_in.count(facts.device)) {
+    if (cudaError_t err =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
+        err != cudaSuccess) {
+      return std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(err);
+    }
+    opted_in.insert(facts.device);
+  }
+  return {};
+}
+
+// The GemvParams of `p` for CTAs that split K in steps of `rows` rows.
+inline GemvParams MakeGemvParams(const SwigluProblem& p, int rows) {
+  const int steps = static_cast<int>((p.k + rows - 1) / rows);
+  return GemvParams{p.x, p.packed, p.out, static_cast<int>(p.m), static_cast<int>(p.n),
+                    static_cast<int>(p.k), static_cast<int>(2 * p.n_packed),
+                    (steps + p.splits - 1) / p.splits};
+}
+
+// Launches `kernel(params)` with `threads` threads and `shared_bytes` of shared memory per CTA
+// over the grid (splits, column blocks of `columns` packed columns), one cluster per column
+// block (p.splits CTAs; checked by the caller). The kernel must have opted into its shared
+// memory (OptInSharedMemory).
+template <class Kernel, class Params>
+std::string LaunchClusterSplitKGrid(Kernel* kernel, const Params& params, int threads,
+                                    int shared_bytes, int columns, const SwigluProblem& p,
+                                    const DeviceFacts& facts, cudaStream_t stream) {
+  const int column_blocks = static_cast<int>((2 * p.n_packed + columns - 1) / columns);
+  cudaLaunchAttribute attrs[2];
+  cudaLaunchConfig_t launch{};
+  launch.gridDim = dim3(p.splits, column_blocks, 1);
+  launch.blockDim = dim3(threads, 1, 1);
+  launch.dynamicSmemBytes = shared_bytes;
+  launch.stream = stream;
+  launch.attrs = attrs;
+  launch.numAttrs = LaunchAttributes(facts, dim3(p.splits, 1, 1), /*always_cluster=*/false, attrs);
+  if (cudaError_t err = cudaLaunchKernelEx(&launch, kernel, params); err != cudaSuccess) {
+    return std::string("gemv kernel launch failed: ") + cudaGetErrorString(err);
+  }
+  return {};
+}
+
+}  // namespace jax_swiglu

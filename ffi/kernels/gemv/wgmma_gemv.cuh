@@ -1,0 +1,256 @@
+// The decode kernel on the tensor cores: swap-AB wgmma over a CTA's share of K, fed by TMA
+// through a pipeline in shared memory, K split over a thread-block cluster whose sums meet in
+// distributed shared memory (split_k_store.cuh): no workspace, no memset, no fixup in global
+// memory, one kernel per call.
+//
+// The CUDA-core form loads the weights into registers and is bound by the bytes its threads
+// keep in flight; a stream of TMA boxes into a deep pipeline keeps more of them in flight per
+// SM with one issuing thread, and the tensor cores make the multiply cost the same for 1 and
+// 16 tokens. A CTA owns kColumns packed columns (blockIdx.y) and one of `splits` equal ranges
+// of K's 64-row tiles (blockIdx.x, its rank in the cluster). Its warps 0-3 are one math
+// warpgroup: the packed columns on the wgmma M side (the weights MN-major, as stored), the
+// tokens on its N side (x K-major; rows past M read as zeros), fp32 accumulators; warp 4
+// issues the loads. Two CTAs fit on an SM (their stages sized for it), so a grid of up to
+// twice the SM count runs in one wave. At the end the accumulators go to shared memory as
+// [token][column] and meet in rank order over the cluster; CTA 0 pairs, activates and stores.
+#pragma once
+
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "../../kernel_configs.h"
+#include "../../launch.h"
+#include "../launch_gemm.cuh"
+#include "split_k_store.cuh"
+
+namespace jax_swiglu {
+
+// The shared-memory budget of one CTA when two share an SM (228 KB an SM, 1 KB of it
+// reserved per CTA).
+inline constexpr int kWgmmaGemvSharedBudget = 113 * 1024;
+inline constexpr int kWgmmaGemvMathThreads = 128;  // one warpgroup
+inline constexpr int kWgmmaGemvThreads = kWgmmaGemvMathThreads + 32;  // + the load warp
+
+// The packed weights as TMA reads them: (packed columns, K), column-contiguous.
+template <class Element>
+auto WgmmaGemvWeights(const Element* w, int columns, int k) {
+  return cute::make_tensor(cute::make_gmem_ptr(w),
+                           cute::make_layout(cute::make_shape(columns, k),
+                                             cute::make_stride(cute::_1{}, columns)));
+}
+// x as TMA reads it: (tokens, K), K-contiguous.
+template <class Element>
+auto WgmmaGemvX(const Element* x, int m, int k) {
+  return cute::make_tensor(cute::make_gmem_ptr(x),
+                           cute::make_layout(cute::make_shape(m, k),
+                                             cute::make_stride(k, cute::_1{})));
+}
+
+// The tensor-core form's types for `kTokens` tokens, `kColumns` packed columns and 16-bit
+// `Tag` operands.
+template <int kTokens, int kColumns, class Tag>
+struct WgmmaGemv {
+  using Element = typename CutlassElement<Tag>::type;
+  static constexpr int kTileK = 64;
+  using Columns = cute::Int<kColumns>;
+  using Tokens = cute::Int<kTokens>;
+  using TileK = cute::Int<kTileK>;
+
+  static constexpr int kStageBytes =
+      (kColumns + kTokens) * kTileK * static_cast<int>(sizeof(Element));
+  // As many stages as two CTAs an SM leave room for (the barriers take a few bytes).
+  static constexpr int kStages = (kWgmmaGemvSharedBudget - 256) / kStageBytes < 8
+                                     ? (kWgmmaGemvSharedBudget - 256) / kStageBytes
+                                     : 8;
+  static_assert(kStages >= 2, "a pipeline of at least two stages");
+
+  // Weights: 64-column atoms of 128 bytes (MN-major, 128-byte swizzle), stacked along K first
+  // so one TMA box is 64 columns x 64 rows. x: K-major atoms of 8 tokens x 64 rows.
+  using SmemLayoutW = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+      cute::make_shape(Columns{}, TileK{}, cute::Int<kStages>{}),
+      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  using SmemLayoutX = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      cute::make_shape(Tokens{}, TileK{}, cute::Int<kStages>{})));
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<Columns, Tokens, TileK>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::K>()));
+
+  // The global tensors TMA reads (WgmmaGemvWeights, WgmmaGemvX) and their copies.
+  using TmaW = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, WgmmaGemvWeights(static_cast<const Element*>(nullptr), 0, 0),
+      SmemLayoutW{}(cute::_, cute::_, 0)));
+  using TmaX = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, WgmmaGemvX(static_cast<const Element*>(nullptr), 0, 0),
+      SmemLayoutX{}(cute::_, cute::_, 0)));
+
+  // Sums as [token][column], rows padded by 4 floats so the accumulators' stores (4 tokens
+  // per quad, 8 columns per lane group) fall in distinct banks.
+  static constexpr int kSumStride = kColumns + 4;
+
+  struct SharedStorage {
+    // The stages; after the mainloop the sums reuse the weights' part.
+    alignas(1024) Element w[cute::cosize_v<SmemLayoutW>];
+    alignas(1024) Element x[cute::cosize_v<SmemLayoutX>];
+    alignas(8) uint64_t full[kStages];
+    alignas(8) uint64_t empty[kStages];
+  };
+  static_assert(kTokens * kSumStride * sizeof(float) <= sizeof(Element) * cute::cosize_v<SmemLayoutW>,
+                "the sums fit in the weights' stages");
+  static constexpr int kSharedBytes = static_cast<int>(sizeof(SharedStorage));
+  static_assert(kSharedBytes <= kWgmmaGemvSharedBudget, "two CTAs an SM");
+
+  struct Params {
+    TmaW tma_w;
+    TmaX tma_x;
+    GemvParams gemv;  // steps_per_split counts 64-row k tiles
+  };
+};
+
+template <int kTokens, int kColumns, class Tag, Activation kActivation>
+__global__ void __launch_bounds__(kWgmmaGemvThreads, 2)
+    WgmmaGemvKernel(const __grid_constant__ typename WgmmaGemv<kTokens, kColumns, Tag>::Params params) {
+  using namespace cute;
+  using G = WgmmaGemv<kTokens, kColumns, Tag>;
+  using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+  using EmptyBarrier = cutlass::arch::ClusterBarrier;
+  extern __shared__ __align__(1024) uint8_t wgmma_gemv_shared[];
+  auto& shared = *reinterpret_cast<typename G::SharedStorage*>(wgmma_gemv_shared);
+
+  const GemvParams& p = params.gemv;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int split = blockIdx.x, splits = gridDim.x;
+  const int k_tiles = (p.k + G::kTileK - 1) / G::kTileK;
+  const int first = split * p.steps_per_split;
+  const int count = max(0, min(k_tiles, first + p.steps_per_split) - first);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < G::kStages; ++s) {
+      FullBarrier::init(&shared.full[s], 1);  // the load warp's arrival, then TMA's bytes
+      EmptyBarrier::init(&shared.empty[s], kWgmmaGemvMathThreads / 32);  // one per math warp
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  if (warp == kWgmmaGemvMathThreads / 32 && lane == 0) {
+    prefetch_tma_descriptor(params.tma_w.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_x.get_tma_descriptor());
+  }
+  __syncthreads();
+
+  Tensor sW = make_tensor(make_smem_ptr(shared.w), typename G::SmemLayoutW{});  // (cols, k, stage)
+  Tensor sX = make_tensor(make_smem_ptr(shared.x), typename G::SmemLayoutX{});  // (tok, k, stage)
+  float* sums = reinterpret_cast<float*>(shared.w);
+
+  if (warp == kWgmmaGemvMathThreads / 32) {
+    // The load warp: one thread issues every box. Programmatic dependent launch: nothing
+    // above touched global memory; x and the weights are read past this wait.
+    if (lane == 0) {
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+      Tensor mW = params.tma_w.get_tma_tensor(make_shape(p.packed_columns, p.k));
+      Tensor gW = local_tile(mW, make_shape(typename G::Columns{}, typename G::TileK{}),
+                             make_coord(int(blockIdx.y), _));  // (cols, k, k tiles)
+      Tensor mX = params.tma_x.get_tma_tensor(make_shape(p.m, p.k));
+      Tensor gX = local_tile(mX, make_shape(typename G::Tokens{}, typename G::TileK{}),
+                             make_coord(0, _));  // (tok, k, k tiles)
+      auto tma_w = params.tma_w.get_slice(0);
+      auto tma_x = params.tma_x.get_slice(0);
+      Tensor tWgW = tma_w.partition_S(gW);
+      Tensor tWsW = tma_w.partition_D(sW);
+      Tensor tXgX = tma_x.partition_S(gX);
+      Tensor tXsX = tma_x.partition_D(sX);
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int i = 0; i < count; ++i) {
+        EmptyBarrier::wait(&shared.empty[stage], phase ^ 1);  // (a fresh stage passes)
+        FullBarrier::arrive_and_expect_tx(&shared.full[stage], G::kStageBytes);
+        copy(params.tma_w.with(shared.full[stage]), tWgW(_, _, _, first + i),
+             tWsW(_, _, _, stage));
+        copy(params.tma_x.with(shared.full[stage]), tXgX(_, _, _, first + i),
+             tXsX(_, _, _, stage));
+        if (++stage == G::kStages) stage = 0, phase ^= 1;
+      }
+    }
+    __syncwarp();
+  } else {
+    typename G::TiledMma mma;
+    auto thread_mma = mma.get_slice(threadIdx.x);
+    Tensor tCrW = thread_mma.make_fragment_A(thread_mma.partition_A(sW));  // (V, M, K, stage)
+    Tensor tCrX = thread_mma.make_fragment_B(thread_mma.partition_B(sX));  // (V, N, K, stage)
+    Tensor accumulators = partition_fragment_C(mma, make_shape(typename G::Columns{},
+                                                                typename G::Tokens{}));
+    clear(accumulators);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int i = 0; i < count; ++i) {
+      FullBarrier::wait(&shared.full[stage], phase);
+      warpgroup_fence_operand(accumulators);
+      warpgroup_arrive();
+      CUTLASS_PRAGMA_UNROLL
+      for (int k_block = 0; k_block < size<2>(tCrW); ++k_block) {
+        cute::gemm(mma, tCrW(_, _, k_block, stage), tCrX(_, _, k_block, stage), accumulators);
+      }
+      warpgroup_commit_batch();
+      // The multiply is a few wgmma per stage against a stage's worth of loads: waiting
+      // for it before releasing the stage costs nothing the stream would notice.
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(accumulators);
+      if (lane == 0) EmptyBarrier::arrive(&shared.empty[stage]);
+      if (++stage == G::kStages) stage = 0, phase ^= 1;
+    }
+    // Every math warp is past its last wgmma before the sums overwrite the stages.
+    asm volatile("bar.sync 1, %0;" ::"n"(kWgmmaGemvMathThreads) : "memory");
+    Tensor sSums = make_tensor(make_smem_ptr(sums),
+                               make_layout(make_shape(typename G::Columns{}, typename G::Tokens{}),
+                                           make_stride(_1{}, Int<G::kSumStride>{})));
+    Tensor tCsSums = thread_mma.partition_C(sSums);
+    copy(accumulators, tCsSums);
+  }
+  // The weights are read: the next kernel of the stream may start its own prologue.
+  asm volatile("griddepcontrol.launch_dependents;");
+
+  ReduceSplitsAndStore<kTokens, kColumns, /*kWarps=*/1, kWgmmaGemvThreads, G::kSumStride, Tag,
+                       kActivation>(p, sums, split, splits);
+}
+
+// Launches the tensor-core form on `p` (shapes and split checked by CannotRun, buffers by
+// the caller).
+template <int kTokens, int kColumns, class Tag, Activation kActivation>
+std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts,
+                            cudaStream_t stream) {
+  using G = WgmmaGemv<kTokens, kColumns, Tag>;
+  using Element = typename G::Element;
+  if (p.m <= 0) return {};  // nothing to write (and no x for a TMA descriptor)
+  static std::mutex opt_in_mutex;
+  static std::set<int> opted_in;
+  auto* kernel = WgmmaGemvKernel<kTokens, kColumns, Tag, kActivation>;
+  if (std::string err = OptInSharedMemory(kernel, G::kSharedBytes, facts, opt_in_mutex, opted_in);
+      !err.empty()) {
+    return err;
+  }
+  const int columns = static_cast<int>(2 * p.n_packed), m = static_cast<int>(p.m),
+            k = static_cast<int>(p.k);
+  typename G::Params params{
+      cute::make_tma_copy(cute::SM90_TMA_LOAD{},
+                          WgmmaGemvWeights(static_cast<const Element*>(p.packed), columns, k),
+                          typename G::SmemLayoutW{}(cute::_, cute::_, 0)),
+      cute::make_tma_copy(cute::SM90_TMA_LOAD{},
+                          WgmmaGemvX(static_cast<const Element*>(p.x), m, k),
+                          typename G::SmemLayoutX{}(cute::_, cute::_, 0)),
+      MakeGemvParams(p, G::kTileK)};
+  return LaunchClusterSplitKGrid(kernel, params, kWgmmaGemvThreads, G::kSharedBytes, kColumns, p,
+                                 facts, stream);
+}
+
+}  // namespace jax_swiglu
