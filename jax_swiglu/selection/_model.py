@@ -51,6 +51,10 @@ class Constants:
     # How much more than its even share of DRAM bandwidth one SM pulls with the gemv kernel's
     # 16-byte loads, where few of its CTAs share the machine.
     gemv_sm_bandwidth_factor: float
+    # What each round of the gemv kernels' CTAs costs beyond its bytes: a CTA starts its
+    # stream empty (the first loads' latency) and ends with the cluster's reduction and the
+    # store, which the next round's CTAs hide only in part.
+    gemv_round_us: float
     # Of the operand bytes that tiles load more than once (the weights once per row of token
     # tiles, x once per column of weight tiles), the share that comes from DRAM again rather
     # than from the L2: tiles sharing an operand run at nearby times, but not all at once.
@@ -152,29 +156,36 @@ def rounds(config, splits: int, problem: Problem, sm_count: int,
     return full + (1 if last else 0)
 
 
+def gemv_slots(config, splits: int, sm_count: int, cluster_slots: dict | None = None) -> int:
+    """CTAs of a gemv launch with K split over clusters of ``splits`` that run at once: the
+    clusters that fit (a cluster runs inside one GPC: ``cluster_slots``, as round_ctas), each
+    SM holding ``config.ctas_per_sm``."""
+    clusters = sm_count if splits == 1 else (cluster_slots or {}).get(splits, sm_count // splits)
+    return max(splits, clusters * splits) * config.ctas_per_sm
+
+
 def gemv_us(config, splits: int, problem: Problem, sm_count: int, dram_bytes_per_s: float,
-            constants: Constants) -> float:
-    """Predicted GPU time (us) of the gemv kernel with K split over ``splits`` CTAs: the
-    larger of the FMA issue (the CUDA-core form) and the weight stream. Every CTA streams
-    the same share of the weights; the SMs hold ``config.ctas_per_sm`` at once, so the CTAs
-    run in waves: a full wave streams at the DRAM rate, and a last, partial one at the DRAM
-    rate or, where few CTAs are left, at what the SM with the most of them can pull (at most
-    gemv_sm_bandwidth_factor times its even share)."""
+            constants: Constants, cluster_slots: dict | None = None) -> float:
+    """Predicted GPU time (us) of a gemv kernel with K split over ``splits`` CTAs: the
+    larger of the FMA issue (the CUDA-core form) and the weight stream, plus a fixed cost per
+    round of CTAs (the SMs hold ``gemv_slots`` at once). Every CTA streams the same share of
+    the weights, and the stream takes the longer of the DRAM's time for all of them and the
+    busiest SM's for its CTAs (ceil(CTAs / SMs) of them, at most gemv_sm_bandwidth_factor
+    times its even share of the bandwidth): a grid of a little more CTAs than SMs waits for
+    the SMs that run two."""
     ctas = _ceil(problem.packed, config.tile_n) * splits
-    slots = sm_count * config.ctas_per_sm
+    slots = gemv_slots(config, splits, sm_count, cluster_slots)
     cta_bytes = problem.element_bytes * config.tile_n * _ceil(problem.k, splits)
-    full_waves, last_wave = divmod(ctas, slots)
-    stream_s = full_waves * slots * cta_bytes / dram_bytes_per_s
-    if last_wave:
-        sm_rate = constants.gemv_sm_bandwidth_factor * dram_bytes_per_s / sm_count
-        stream_s += max(last_wave * cta_bytes / dram_bytes_per_s,
-                        _ceil(last_wave, sm_count) * cta_bytes / sm_rate)
+    sm_rate = constants.gemv_sm_bandwidth_factor * dram_bytes_per_s / sm_count
+    stream_s = max(ctas * cta_bytes / dram_bytes_per_s,
+                   _ceil(ctas, sm_count) * cta_bytes / sm_rate)
     stream_s += problem.element_bytes * problem.m * (problem.k + problem.n) / dram_bytes_per_s
     fma_s = 0.0
-    if config.schedule == "cuda-cores":  # the mma.sync form's multiply is a few instructions
+    if config.schedule == "cuda-cores":  # the tensor cores' multiply is a few instructions
         fma_s = (constants.gemv_issue_per_fma * problem.m * problem.k * problem.packed
                  / (constants.gemv_fma_per_sm_per_s * sm_count))
-    return constants.launch_us + 1e6 * max(fma_s, stream_s)
+    return (constants.launch_us + constants.gemv_round_us * _ceil(ctas, slots)
+            + 1e6 * max(fma_s, stream_s))
 
 
 def stream_k_peers(config, splits: int, problem: Problem, sm_count: int) -> float:
@@ -201,7 +212,8 @@ def launch_us(config, splits: int, problem: Problem, sm_count: int, dram_bytes_p
     """Predicted GPU time (us) of one launch of ``config`` with ``splits`` (``cluster_slots``:
     round_ctas)."""
     if config.scheduler == "cluster-split-k":
-        return gemv_us(config, splits, problem, sm_count, dram_bytes_per_s, constants)
+        return gemv_us(config, splits, problem, sm_count, dram_bytes_per_s, constants,
+                       cluster_slots)
     tiles_m, tiles_n = tile_grid(config, problem)
     tiles = tiles_m * tiles_n
     k_padded = _ceil(problem.k, config.tile_k) * config.tile_k
