@@ -26,7 +26,6 @@
 #include "../../launch.h"
 #include "../activations.cuh"
 #include "split_k_store.cuh"
-#include "wgmma_gemv.cuh"
 
 namespace jax_swiglu {
 
@@ -151,6 +150,12 @@ __global__ void __launch_bounds__(kGemvThreads, GemvMinBlocks(kTokens)) GemvSwig
 constexpr int GemvSharedBytes(const KernelConfig& config) {
   return kGemvWarps * config.tile_m * config.tile_n * static_cast<int>(sizeof(float));
 }
+
+// The tensor-core form's launcher, defined in wgmma_gemv.cuh (which includes this file and is
+// the header of the tensor-core rows' translation units, so the CUDA-core ones never parse
+// CuTe).
+template <int kTokens, int kColumns, class Tag, Activation kActivation>
+std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream);
 
 template <int ConfigId, class ElementTag, Activation kActivation>
 std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream) {

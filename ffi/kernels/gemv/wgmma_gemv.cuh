@@ -31,6 +31,7 @@
 #include "../../kernel_configs.h"
 #include "../../launch.h"
 #include "../launch_gemm.cuh"
+#include "gemv_kernel.cuh"
 #include "split_k_store.cuh"
 
 namespace jax_swiglu {
