@@ -106,6 +106,16 @@ def test_an_exact_entry_picks_its_fastest_candidate(engine):
     assert picked(decide(4096)) is PREFILL
 
 
+def test_an_entry_names_the_run_that_timed_its_pick(engine):
+    """A row timed by a later run (calibrate --configs) is named with that run, not with the
+    run that made the entry."""
+    engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0},
+                              launch_calibration={PREFILL.key: "c1", DECODE.key: "c2"})])
+    engine["data"].calibrations["c2"] = {"date": "2026-12-04T00:00:00+00:00", "gpu": "H200"}
+    reason = decide(8).reason
+    assert "in calibration c2 (2026-12-04, H200)" in reason, reason
+
+
 def test_finalists_timed_through_jax_are_ranked_by_that_time(engine):
     """Close natively, the launch a jitted call runs faster wins; one CUPTI time alone (or
     none) leaves the native ranking."""

@@ -183,8 +183,10 @@ def _from_entry(entry, by_key, data, xla_allowed) -> Decision | None:
         key, splits = min(finalists, key=finalists.get)
         us = times[(key, splits)]
     config = by_key[key]
-    calibration = data.calibrations.get(entry.calibration, {})
-    when = f"calibration {entry.calibration}" + (
+    # The run that timed the pick (an entry can hold launches of several runs).
+    run = (entry.launch_calibration or {}).get(_data.launch_id(key, splits), entry.calibration)
+    calibration = data.calibrations.get(run, {})
+    when = f"calibration {run}" + (
         f" ({calibration.get('date', '')[:10]}, {calibration.get('gpu', '')})" if calibration else "")
     label = _label(config, splits)
     # The times named are the ones ranked: through JAX where the finalists were, else native.

@@ -107,7 +107,8 @@ struct WgmmaGemv {
     alignas(8) uint64_t full[kStages];
     alignas(8) uint64_t empty[kStages];
   };
-  static_assert(kTokens * kSumStride * sizeof(float) <= sizeof(Element) * cute::cosize_v<SmemLayoutW>,
+  static_assert(kTokens * kSumStride * sizeof(float) <=
+                    sizeof(Element) * cute::cosize_v<SmemLayoutW>,
                 "the sums fit in the weights' stages");
   static constexpr int kSharedBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSharedBytes <= kWgmmaGemvSharedBudget, "two CTAs an SM");
@@ -120,8 +121,8 @@ struct WgmmaGemv {
 };
 
 template <int kTokens, int kColumns, class Tag, Activation kActivation>
-__global__ void __launch_bounds__(kWgmmaGemvThreads, 2)
-    WgmmaGemvKernel(const __grid_constant__ typename WgmmaGemv<kTokens, kColumns, Tag>::Params params) {
+__global__ void __launch_bounds__(kWgmmaGemvThreads, 2) WgmmaGemvKernel(
+    const __grid_constant__ typename WgmmaGemv<kTokens, kColumns, Tag>::Params params) {
   using namespace cute;
   using G = WgmmaGemv<kTokens, kColumns, Tag>;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
