@@ -6,7 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "kernel_configs.h"
 
@@ -116,6 +119,23 @@ template <int ConfigId, class Element, Activation kActivation>
 size_t GateThenUpWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
 template <int ConfigId, class Element, Activation kActivation>
 size_t GemvWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
+
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` once per device (a function
+// attribute is per device; setting it is a host call, kept out of the per-call path).
+// Returns an error message or "".
+inline std::string EnsureSharedMemoryLimit(const void* kernel, int bytes, int device) {
+  static std::mutex mutex;
+  static std::set<std::pair<int, const void*>> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.count({device, kernel})) return {};
+  if (cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      err != cudaSuccess) {
+    return std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(err);
+  }
+  done.insert({device, kernel});
+  return {};
+}
 
 // Fills `facts` for the current device; returns an error message or "".
 std::string CurrentDeviceFacts(DeviceFacts* facts);

@@ -11,7 +11,6 @@
 
 #include <map>
 #include <mutex>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -30,19 +29,11 @@ struct CutlassElement<F16> {
   using type = cutlass::half_t;
 };
 
-// Raises the kernel's dynamic shared-memory limit once per device (a function attribute
-// is per device; setting it is a host call, kept out of the per-call path).
+// EnsureSharedMemoryLimit (launch.h) for a CUTLASS kernel: its whole SharedStorage.
 template <class Kernel>
-cudaError_t EnsureSharedMemoryLimit(int device) {
-  static std::mutex mutex;
-  static std::set<int> done;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (done.count(device)) return cudaSuccess;
-  cudaError_t err = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Kernel::SharedStorageSize);
-  if (err == cudaSuccess) done.insert(device);
-  return err;
+std::string EnsureSharedMemoryLimit(int device) {
+  return EnsureSharedMemoryLimit(reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>),
+                                 static_cast<int>(Kernel::SharedStorageSize), device);
 }
 
 // The launch configuration of `Kernel` on `grid` in clusters of `cluster_dims` CTAs: its
@@ -134,9 +125,7 @@ std::string LaunchGemm(typename Kernel::Arguments args, const SwigluProblem& p,
                        const DeviceFacts& facts, dim3 cluster_dims, cudaStream_t stream,
                        const char* kernel_name) {
   const std::string name(kernel_name);
-  if (cudaError_t err = EnsureSharedMemoryLimit<Kernel>(facts.device); err != cudaSuccess) {
-    return std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(err);
-  }
+  if (std::string err = EnsureSharedMemoryLimit<Kernel>(facts.device); !err.empty()) return err;
   if (cluster_dims.x * cluster_dims.y * cluster_dims.z > 1) {
     args.hw_info.max_active_clusters = MaxActiveClusters<Kernel>(facts, cluster_dims);
   }

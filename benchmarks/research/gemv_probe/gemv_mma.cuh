@@ -234,8 +234,6 @@ std::string LaunchGemvMma(const jax_swiglu::SwigluProblem& p,
   if ((p.splits != 1 && p.splits != 2 && p.splits != 4 && p.splits != 8) || p.splits > steps) {
     return "splits must be a cluster size of at most the 16-row steps";
   }
-  static std::mutex mutex;
-  static std::set<int> opted_in;
   constexpr int kColumns = 64 * kChunks;
   const GemvParams params = jax_swiglu::MakeGemvParams(p, kGemvMmaRows);
   if constexpr (kStreamOnly) {
@@ -246,7 +244,8 @@ std::string LaunchGemvMma(const jax_swiglu::SwigluProblem& p,
     constexpr int kShared = kGemvWarps * 8 * kTokenTiles * kColumns * int(sizeof(float));
     auto* kernel = GemvMmaKernel<kTokenTiles, kChunks, jax_swiglu::BF16, Activation::Silu,
                                  kUnroll, kMinBlocks>;
-    if (std::string err = jax_swiglu::OptInSharedMemory(kernel, kShared, facts, mutex, opted_in);
+    if (std::string err = jax_swiglu::EnsureSharedMemoryLimit(
+            reinterpret_cast<const void*>(kernel), kShared, facts.device);
         !err.empty()) {
       return err;
     }

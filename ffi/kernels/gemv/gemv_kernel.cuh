@@ -18,8 +18,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <mutex>
-#include <set>
 #include <string>
 
 #include "../../kernel_configs.h"
@@ -173,11 +171,10 @@ std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStr
   } else {
     static_assert(config.tile_n == kGemvColumns && config.tile_k == kGemvRows,
                   "the CUDA-core form's CTA is one warp's row of loads, 8 rows a step");
-    static std::mutex opt_in_mutex;
-    static std::set<int> opted_in;
     auto* kernel = GemvSwigluKernel<config.tile_m, ElementTag, kActivation>;
     const int shared_bytes = GemvSharedBytes(config);
-    if (std::string err = OptInSharedMemory(kernel, shared_bytes, facts, opt_in_mutex, opted_in);
+    if (std::string err = EnsureSharedMemoryLimit(reinterpret_cast<const void*>(kernel),
+                                                  shared_bytes, facts.device);
         !err.empty()) {
       return err;
     }

@@ -16,8 +16,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <mutex>
-#include <set>
 #include <string>
 
 #include "../../kernel_configs.h"
@@ -123,25 +121,6 @@ __device__ __forceinline__ void ReduceSplitsAndStore(const GemvParams& p, float*
   }
 }
 
-// Opts `kernel` into `shared_bytes` of dynamic shared memory once per device (`opted_in`,
-// under `opt_in_mutex`: a host call kept out of the per-call path) where that is above the
-// default limit.
-template <class Kernel>
-std::string OptInSharedMemory(Kernel* kernel, int shared_bytes, const DeviceFacts& facts,
-                              std::mutex& opt_in_mutex, std::set<int>& opted_in) {
-  if (shared_bytes <= 48 * 1024) return {};
-  std::lock_guard<std::mutex> lock(opt_in_mutex);
-  if (!opted_in.count(facts.device)) {
-    if (cudaError_t err =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
-        err != cudaSuccess) {
-      return std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(err);
-    }
-    opted_in.insert(facts.device);
-  }
-  return {};
-}
-
 // The GemvParams of `p` for CTAs that split K in steps of `rows` rows.
 inline GemvParams MakeGemvParams(const SwigluProblem& p, int rows) {
   const int steps = static_cast<int>((p.k + rows - 1) / rows);
@@ -152,8 +131,8 @@ inline GemvParams MakeGemvParams(const SwigluProblem& p, int rows) {
 
 // Launches `kernel(params)` with `threads` threads and `shared_bytes` of shared memory per CTA
 // over the grid (splits, column blocks of `columns` packed columns), one cluster per column
-// block (p.splits CTAs; checked by the caller). The kernel must have opted into its shared
-// memory (OptInSharedMemory).
+// block (p.splits CTAs; checked by the caller). The kernel's shared-memory limit must be
+// raised first (EnsureSharedMemoryLimit, launch.h).
 template <class Kernel, class Params>
 std::string LaunchClusterSplitKGrid(Kernel* kernel, const Params& params, int threads,
                                     int shared_bytes, int columns, const SwigluProblem& p,

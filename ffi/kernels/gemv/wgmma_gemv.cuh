@@ -24,8 +24,6 @@
 #include <cutlass/arch/barrier.h>
 
 #include <cstdint>
-#include <mutex>
-#include <set>
 #include <string>
 
 #include "../../kernel_configs.h"
@@ -234,10 +232,9 @@ std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts,
   using G = WgmmaGemv<kTokens, kColumns, Tag>;
   using Element = typename G::Element;
   if (p.m <= 0) return {};  // nothing to write (and no x for a TMA descriptor)
-  static std::mutex opt_in_mutex;
-  static std::set<int> opted_in;
   auto* kernel = WgmmaGemvKernel<kTokens, kColumns, Tag, kActivation>;
-  if (std::string err = OptInSharedMemory(kernel, G::kSharedBytes, facts, opt_in_mutex, opted_in);
+  if (std::string err = EnsureSharedMemoryLimit(reinterpret_cast<const void*>(kernel),
+                                                G::kSharedBytes, facts.device);
       !err.empty()) {
     return err;
   }
