@@ -1,9 +1,11 @@
 // The gemv kernel's forms side by side with cuBLAS's bare GEMM at decode sizes, in one
 // process (bf16, SiLU, random data, weights rotated through more than the L2): the
-// CUDA-core form (the table's gemv configs) and tensor-core (mma.sync) forms with other
-// token tiles, chunks per thread, unrolling and occupancy, each at every cluster split.
-// It answers "which gemv form streams the weights fastest at M tokens?", and checks every
-// form's output against an fp32 reference of the packed layout first.
+// CUDA-core form (the table's gemv configs), the tensor-core form (wgmma fed by TMA) with
+// its stream's parameters varied (CTAs an SM, hence stages; the weights' L2 promotion and
+// eviction priority), and with -DGEMV_PROBE_MMA the mma.sync forms of an earlier question
+// (other token tiles, chunks per thread, unrolling and occupancy), each at every cluster
+// split. It answers "which gemv form streams the weights fastest at M tokens?", and checks
+// every form's output against an fp32 reference of the packed layout first.
 //
 // Usage: probe OUT.json M,M,... KxN [KxN ...]
 // Times: a CUDA graph of kReps launches over the rotating buffers, replayed kRounds times;
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "gemv_mma.cuh"
+#include "kernels/gemv/wgmma_gemv.cuh"
 #include "probe_common.cuh"
 
 namespace {
@@ -50,6 +53,16 @@ Form StreamOnly() {
               std::to_string(kMinBlocks),
           8, &gemv_probe::LaunchGemvMma<1, kChunks, kUnroll, kMinBlocks, true>, false};
 }
+// The tensor-core form for 16 tokens and kColumns packed columns a CTA, with its stream's
+// parameters (the product's: 2 CTAs an SM, 128-byte L2 promotion, normal eviction).
+template <int kColumns, int kCtasPerSm, int kL2PromotionBytes, bool kEvictFirst>
+Form TensorCores() {
+  return {"tensor-cores n" + std::to_string(kColumns) + " b" + std::to_string(kCtasPerSm) +
+              " l2:" + std::to_string(kL2PromotionBytes) + (kEvictFirst ? " evict-first" : ""),
+          16,
+          &jax_swiglu::LaunchWgmmaGemv<16, kColumns, BF16, Activation::Silu, kCtasPerSm,
+                                       kL2PromotionBytes, kEvictFirst>};
+}
 // The i-th gemv row of the product's table.
 constexpr int GemvRow(int i) {
   for (int id = 0; id < jax_swiglu::kConfigCount; ++id) {
@@ -69,9 +82,17 @@ Form CudaCores() {
 std::vector<Form> Forms() {
   return {CudaCores<GemvRow(0)>(), CudaCores<GemvRow(1)>(), CudaCores<GemvRow(2)>(),
           CudaCores<GemvRow(3)>(),
+          TensorCores<128, 2, 128, false>(), TensorCores<128, 2, 256, false>(),
+          TensorCores<128, 2, 128, true>(), TensorCores<128, 2, 256, true>(),
+          TensorCores<128, 3, 256, false>(), TensorCores<128, 4, 256, false>(),
+          TensorCores<128, 3, 128, false>(),
+          TensorCores<256, 2, 128, false>(), TensorCores<256, 2, 256, false>(),
+          TensorCores<256, 3, 256, false>(),
+#ifdef GEMV_PROBE_MMA
           Mma<1, 2, 2, 1>(), Mma<1, 2, 2, 2>(), Mma<1, 2, 4, 1>(), Mma<1, 4, 2, 1>(),
           Mma<1, 1, 4, 2>(), Mma<2, 2, 2, 1>(), Mma<2, 2, 1, 2>(), Mma<4, 1, 1, 2>(),
           Mma<4, 2, 1, 1>(),
+#endif
           StreamOnly<2, 2, 2>(), StreamOnly<4, 2, 1>()};
 }
 
@@ -207,7 +228,11 @@ int main(int argc, char** argv) {
     ms.push_back(std::atoi(tok));
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  const DeviceFacts facts{0, prop.multiProcessorCount, prop.major, prop.minor};
+  DeviceFacts facts{0, prop.multiProcessorCount, prop.major, prop.minor};
+  // As in the extension: JAX_SWIGLU_PDL=0 launches without programmatic dependent launch, so
+  // a graph's launch starts only when the previous one has finished.
+  const char* pdl = std::getenv("JAX_SWIGLU_PDL");
+  facts.programmatic_launch = pdl == nullptr || std::strcmp(pdl, "0") != 0;
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
   cublasHandle_t handle;
@@ -218,7 +243,8 @@ int main(int argc, char** argv) {
   CHECK_CUBLAS(cublasSetWorkspace(handle, cublas_workspace, 32 << 20));
   const std::vector<Form> forms = Forms();
 
-  std::printf("# gemv probe on %s (%d SMs)\n\n", prop.name, prop.multiProcessorCount);
+  std::printf("# gemv probe on %s (%d SMs), programmatic dependent launch %s\n\n", prop.name,
+              prop.multiProcessorCount, facts.programmatic_launch ? "on" : "off");
   std::printf("## check (max |error| / max |ref|, every M and split)\n\n");
   for (const Form& f : forms) {
     if (!f.checked) continue;

@@ -152,7 +152,10 @@ constexpr int GemvSharedBytes(const KernelConfig& config) {
 // The tensor-core form's launcher, defined in wgmma_gemv.cuh (which includes this file and is
 // the header of the tensor-core rows' translation units, so the CUDA-core ones never parse
 // CuTe).
-template <int kTokens, int kColumns, class Tag, Activation kActivation>
+// The tensor-core form (wgmma_gemv.cuh), with the product's stream parameters: two CTAs an
+// SM, the weights' reads promoted to 128-byte L2 lines, normal eviction.
+template <int kTokens, int kColumns, class Tag, Activation kActivation, int kCtasPerSm = 2,
+          int kL2PromotionBytes = 128, bool kEvictFirst = false>
 std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream);
 
 template <int ConfigId, class ElementTag, Activation kActivation>

@@ -17,8 +17,10 @@
 
 #include <cutlass/cutlass.h>
 #include <cutlass/numeric_types.h>
+#include <cutlass/cuda_host_adapter.hpp>
 #include <cute/tensor.hpp>
 #include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
@@ -34,19 +36,16 @@
 
 namespace jax_swiglu {
 
-// The shared-memory budget of one CTA when two share an SM (228 KB an SM, 1 KB of it
-// reserved per CTA).
-inline constexpr int kWgmmaGemvSharedBudget = 113 * 1024;
+// The shared-memory budget of one CTA when `ctas_per_sm` share an SM (228 KB an SM, 1 KB of
+// it reserved per CTA).
+constexpr int WgmmaGemvSharedBudget(int ctas_per_sm) {
+  return 228 * 1024 / ctas_per_sm - 1024;
+}
 inline constexpr int kWgmmaGemvMathThreads = 128;  // one warpgroup
 inline constexpr int kWgmmaGemvThreads = kWgmmaGemvMathThreads + 32;  // + the load warp
-
-// The packed weights as TMA reads them: (packed columns, K), column-contiguous.
-template <class Element>
-auto WgmmaGemvWeights(const Element* w, int columns, int k) {
-  return cute::make_tensor(cute::make_gmem_ptr(w),
-                           cute::make_layout(cute::make_shape(columns, k),
-                                             cute::make_stride(cute::_1{}, columns)));
-}
+// One TMA box of the weights: 64 packed columns (128 bytes, the 128-byte swizzle's row) by 64
+// rows of K, one MN-major swizzled block of a stage.
+inline constexpr int kWgmmaGemvBoxColumns = 64;
 // x as TMA reads it: (tokens, K), K-contiguous.
 template <class Element>
 auto WgmmaGemvX(const Element* x, int m, int k) {
@@ -57,7 +56,7 @@ auto WgmmaGemvX(const Element* x, int m, int k) {
 
 // The tensor-core form's types for `kTokens` tokens, `kColumns` packed columns and 16-bit
 // `Tag` operands.
-template <int kTokens, int kColumns, class Tag>
+template <int kTokens, int kColumns, class Tag, int kCtasPerSm>
 struct WgmmaGemv {
   using Element = typename CutlassElement<Tag>::type;
   static constexpr int kTileK = 64;
@@ -65,16 +64,19 @@ struct WgmmaGemv {
   using Tokens = cute::Int<kTokens>;
   using TileK = cute::Int<kTileK>;
 
+  static constexpr int kSharedBudget = WgmmaGemvSharedBudget(kCtasPerSm);
+  static constexpr int kWeightBoxBytes =
+      kWgmmaGemvBoxColumns * kTileK * static_cast<int>(sizeof(Element));
   static constexpr int kStageBytes =
       (kColumns + kTokens) * kTileK * static_cast<int>(sizeof(Element));
-  // As many stages as two CTAs an SM leave room for (the barriers take a few bytes).
-  static constexpr int kStages = (kWgmmaGemvSharedBudget - 256) / kStageBytes < 8
-                                     ? (kWgmmaGemvSharedBudget - 256) / kStageBytes
-                                     : 8;
+  // As many stages as kCtasPerSm CTAs an SM leave room for (the barriers take a few bytes).
+  static constexpr int kStages =
+      (kSharedBudget - 256) / kStageBytes < 8 ? (kSharedBudget - 256) / kStageBytes : 8;
   static_assert(kStages >= 2, "a pipeline of at least two stages");
 
   // Weights: 64-column atoms of 128 bytes (MN-major, 128-byte swizzle), stacked along K first
-  // so one TMA box is 64 columns x 64 rows. x: K-major atoms of 8 tokens x 64 rows.
+  // so a stage is kColumns / 64 contiguous TMA boxes of 64 columns x 64 rows, each laid out
+  // as the box's 128-byte swizzle writes it. x: K-major atoms of 8 tokens x 64 rows.
   using SmemLayoutW = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_MN_SW128_Atom<Element>{},
       cute::make_shape(Columns{}, TileK{}, cute::Int<kStages>{}),
@@ -86,10 +88,8 @@ struct WgmmaGemv {
       cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<Columns, Tokens, TileK>,
                                  cute::GMMA::Major::MN, cute::GMMA::Major::K>()));
 
-  // The global tensors TMA reads (WgmmaGemvWeights, WgmmaGemvX) and their copies.
-  using TmaW = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_LOAD{}, WgmmaGemvWeights(static_cast<const Element*>(nullptr), 0, 0),
-      SmemLayoutW{}(cute::_, cute::_, 0)));
+  // x's copy (WgmmaGemvX). The weights' descriptor is encoded by hand
+  // (EncodeWgmmaGemvWeights) for its L2 promotion, which CuTe fixes at 128 bytes.
   using TmaX = decltype(cute::make_tma_copy(
       cute::SM90_TMA_LOAD{}, WgmmaGemvX(static_cast<const Element*>(nullptr), 0, 0),
       SmemLayoutX{}(cute::_, cute::_, 0)));
@@ -109,20 +109,47 @@ struct WgmmaGemv {
                     sizeof(Element) * cute::cosize_v<SmemLayoutW>,
                 "the sums fit in the weights' stages");
   static constexpr int kSharedBytes = static_cast<int>(sizeof(SharedStorage));
-  static_assert(kSharedBytes <= kWgmmaGemvSharedBudget, "two CTAs an SM");
+  static_assert(kSharedBytes <= kSharedBudget, "kCtasPerSm CTAs an SM");
 
   struct Params {
-    TmaW tma_w;
+    cute::TmaDescriptor w;  // (packed columns, K), column-contiguous, 64 x 64 boxes
     TmaX tma_x;
     GemvParams gemv;  // steps_per_split counts 64-row k tiles
   };
 };
 
-template <int kTokens, int kColumns, class Tag, Activation kActivation>
-__global__ void __launch_bounds__(kWgmmaGemvThreads, 2) WgmmaGemvKernel(
-    const __grid_constant__ typename WgmmaGemv<kTokens, kColumns, Tag>::Params params) {
+// The weights' TMA descriptor: (packed columns, K) with K's rows `columns` apart, boxes of 64
+// columns x 64 rows in the 128-byte swizzle, reads promoted to `l2_promotion_bytes` L2 lines.
+template <class Element>
+std::string EncodeWgmmaGemvWeights(cute::TmaDescriptor* desc, const Element* w, int columns,
+                                   int k, int l2_promotion_bytes) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(columns), static_cast<cuuint64_t>(k)};
+  const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(columns) * sizeof(Element)};
+  const cuuint32_t box[2] = {kWgmmaGemvBoxColumns, 64};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUtensorMapL2promotion promotion = l2_promotion_bytes == 256
+                                               ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                               : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+  const CUresult result = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+      desc, cute::TMA::to_CUtensorMapDataType<Element>(), 2, const_cast<Element*>(w), dims,
+      row_bytes, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    return "the tensor-core gemv's weight descriptor failed to encode (CUresult " +
+           std::to_string(static_cast<int>(result)) + ")";
+  }
+  return {};
+}
+
+// kCtasPerSm sizes the stages; kEvictFirst marks the weights' boxes evict-first in the L2
+// (each is read once per call).
+template <int kTokens, int kColumns, class Tag, Activation kActivation, int kCtasPerSm,
+          bool kEvictFirst>
+__global__ void __launch_bounds__(kWgmmaGemvThreads, kCtasPerSm) WgmmaGemvKernel(
+    const __grid_constant__ typename WgmmaGemv<kTokens, kColumns, Tag, kCtasPerSm>::Params
+        params) {
   using namespace cute;
-  using G = WgmmaGemv<kTokens, kColumns, Tag>;
+  using G = WgmmaGemv<kTokens, kColumns, Tag, kCtasPerSm>;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
   extern __shared__ __align__(1024) uint8_t wgmma_gemv_shared[];
@@ -143,7 +170,7 @@ __global__ void __launch_bounds__(kWgmmaGemvThreads, 2) WgmmaGemvKernel(
     cutlass::arch::fence_barrier_init();
   }
   if (warp == kWgmmaGemvMathThreads / 32 && lane == 0) {
-    prefetch_tma_descriptor(params.tma_w.get_tma_descriptor());
+    prefetch_tma_descriptor(&params.w);
     prefetch_tma_descriptor(params.tma_x.get_tma_descriptor());
   }
   __syncthreads();
@@ -157,16 +184,14 @@ __global__ void __launch_bounds__(kWgmmaGemvThreads, 2) WgmmaGemvKernel(
     // above touched global memory; x and the weights are read past this wait.
     if (lane == 0) {
       asm volatile("griddepcontrol.wait;" ::: "memory");
-      Tensor mW = params.tma_w.get_tma_tensor(make_shape(p.packed_columns, p.k));
-      Tensor gW = local_tile(mW, make_shape(typename G::Columns{}, typename G::TileK{}),
-                             make_coord(int(blockIdx.y), _));  // (cols, k, k tiles)
+      constexpr uint64_t kWeightHint =
+          static_cast<uint64_t>(kEvictFirst ? TMA::CacheHintSm90::EVICT_FIRST
+                                            : TMA::CacheHintSm90::EVICT_NORMAL);
+      const int column0 = int(blockIdx.y) * kColumns;
       Tensor mX = params.tma_x.get_tma_tensor(make_shape(p.m, p.k));
       Tensor gX = local_tile(mX, make_shape(typename G::Tokens{}, typename G::TileK{}),
                              make_coord(0, _));  // (tok, k, k tiles)
-      auto tma_w = params.tma_w.get_slice(0);
       auto tma_x = params.tma_x.get_slice(0);
-      Tensor tWgW = tma_w.partition_S(gW);
-      Tensor tWsW = tma_w.partition_D(sW);
       Tensor tXgX = tma_x.partition_S(gX);
       Tensor tXsX = tma_x.partition_D(sX);
       int stage = 0;
@@ -174,8 +199,13 @@ __global__ void __launch_bounds__(kWgmmaGemvThreads, 2) WgmmaGemvKernel(
       for (int i = 0; i < count; ++i) {
         EmptyBarrier::wait(&shared.empty[stage], phase ^ 1);  // (a fresh stage passes)
         FullBarrier::arrive_and_expect_tx(&shared.full[stage], G::kStageBytes);
-        copy(params.tma_w.with(shared.full[stage]), tWgW(_, _, _, first + i),
-             tWsW(_, _, _, stage));
+        auto* stage_w = shared.w + stage * kColumns * G::kTileK;
+        CUTLASS_PRAGMA_UNROLL
+        for (int box = 0; box < kColumns / kWgmmaGemvBoxColumns; ++box) {
+          SM90_TMA_LOAD_2D::copy(&params.w, &shared.full[stage], kWeightHint,
+                                 stage_w + box * kWgmmaGemvBoxColumns * G::kTileK,
+                                 column0 + box * kWgmmaGemvBoxColumns, (first + i) * G::kTileK);
+        }
         copy(params.tma_x.with(shared.full[stage]), tXgX(_, _, _, first + i),
              tXsX(_, _, _, stage));
         if (++stage == G::kStages) stage = 0, phase ^= 1;
@@ -225,14 +255,18 @@ __global__ void __launch_bounds__(kWgmmaGemvThreads, 2) WgmmaGemvKernel(
 }
 
 // Launches the tensor-core form on `p` (shapes and split checked by CannotRun, buffers by
-// the caller).
-template <int kTokens, int kColumns, class Tag, Activation kActivation>
+// the caller). The defaults of the stream's parameters (kCtasPerSm, kL2PromotionBytes,
+// kEvictFirst) are the product's, at the declaration in gemv_kernel.cuh; the gemv probe
+// (benchmarks/research/gemv_probe) times the others.
+template <int kTokens, int kColumns, class Tag, Activation kActivation, int kCtasPerSm,
+          int kL2PromotionBytes, bool kEvictFirst>
 std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts,
                             cudaStream_t stream) {
-  using G = WgmmaGemv<kTokens, kColumns, Tag>;
+  using G = WgmmaGemv<kTokens, kColumns, Tag, kCtasPerSm>;
   using Element = typename G::Element;
+  static_assert(kL2PromotionBytes == 128 || kL2PromotionBytes == 256, "an L2 promotion");
   if (p.m <= 0) return {};  // nothing to write (and no x for a TMA descriptor)
-  auto* kernel = WgmmaGemvKernel<kTokens, kColumns, Tag, kActivation>;
+  auto* kernel = WgmmaGemvKernel<kTokens, kColumns, Tag, kActivation, kCtasPerSm, kEvictFirst>;
   if (std::string err = EnsureSharedMemoryLimit(reinterpret_cast<const void*>(kernel),
                                                 G::kSharedBytes, facts.device);
       !err.empty()) {
@@ -241,13 +275,16 @@ std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts,
   const int columns = static_cast<int>(2 * p.n_packed), m = static_cast<int>(p.m),
             k = static_cast<int>(p.k);
   typename G::Params params{
-      cute::make_tma_copy(cute::SM90_TMA_LOAD{},
-                          WgmmaGemvWeights(static_cast<const Element*>(p.packed), columns, k),
-                          typename G::SmemLayoutW{}(cute::_, cute::_, 0)),
+      {},
       cute::make_tma_copy(cute::SM90_TMA_LOAD{},
                           WgmmaGemvX(static_cast<const Element*>(p.x), m, k),
                           typename G::SmemLayoutX{}(cute::_, cute::_, 0)),
       MakeGemvParams(p, G::kTileK)};
+  if (std::string err = EncodeWgmmaGemvWeights(&params.w, static_cast<const Element*>(p.packed),
+                                               columns, k, kL2PromotionBytes);
+      !err.empty()) {
+    return err;
+  }
   return LaunchClusterSplitKGrid(kernel, params, kWgmmaGemvThreads, G::kSharedBytes, kColumns, p,
                                  facts, stream);
 }
