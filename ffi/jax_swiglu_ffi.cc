@@ -583,6 +583,12 @@ NB_MODULE(_kernels, m) {
         if (std::string err = jax_swiglu::CurrentDeviceFacts(&device); !err.empty()) {
           throw std::runtime_error("jax_swiglu: " + err);
         }
+        // Each launch starts when the previous one has finished, as a call in a model does
+        // (the kernel before ours there is XLA's, which never releases its dependents
+        // early). Back to back under programmatic dependent launch our launches overlap one
+        // another, which favours grids of several waves over one: a ranking of the splits
+        // of K that no call in a model sees.
+        device.programmatic_launch = false;
         auto launch = [&](int i, cudaStream_t stream) {
           const size_t set = static_cast<size_t>(i) % xs.size();
           jax_swiglu::SwigluProblem problem = base;

@@ -62,7 +62,7 @@ def _row_id(key: str) -> int:
 # lowering for CUDA without a GPU here targets the shipped data's device.
 MEASURED = [
     (1, 4864, 896, "gemv/tensor-cores/weights/16x128x64/1x1/cluster-split-k/direct", 1),
-    (8, 18944, 3584, "gemv/tensor-cores/weights/16x128x64/1x1/cluster-split-k/direct", 1),
+    (8, 14336, 4096, "gemv/tensor-cores/weights/16x256x64/1x1/cluster-split-k/direct", 1),
     (48, 18944, 3584, "interleaved/pingpong/tokens/64x128x64/1x1/persistent/direct", 1),
     (128, 4864, 896, "interleaved/cooperative/tokens/128x128x64/1x1/persistent/direct", 1),
     (128, 18944, 3584, "interleaved/cooperative/tokens/128x320x64/1x1/persistent/direct", 1),
