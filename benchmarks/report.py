@@ -40,6 +40,11 @@ DECODE_MAX_GEMM_RATIO = 1.02    # D1: auto/gemm on every row
 DECODE_MIN_SPEEDUP = 1.00       # D2: xla/auto on every row (M = 1 included)
 STREAM_MAX_M, STREAM_MIN_BYTES = 16, 100e6
 MIN_STREAM_TB_PER_S = 4.0       # D3: weight stream at M <= 16 on shapes of >= 100 MB
+# D4: the fixed cost per call, the intercept of a line through (packed weight bytes, GPU time)
+# over the rows of M <= FIXED_COST_MAX_M and at least FIXED_COST_MIN_BYTES: auto's may exceed
+# the GEMM's by this much.
+FIXED_COST_MAX_M, FIXED_COST_MIN_BYTES = 8, 50e6
+MAX_FIXED_COST_EXCESS_US = 0.5
 HELD_OUT_MAX_GEMM_RATIO = 1.02  # H2: auto/gemm on every row
 HELD_OUT_MAX_GEMM_MEAN = 0.99   # H3: ... as a geometric mean
 
@@ -188,7 +193,38 @@ def decode_targets(rows) -> list[Target]:
         _every("D3", f"M <= {STREAM_MAX_M}, packed weights >= {STREAM_MIN_BYTES / 1e6:.0f} MB: "
                      f"weight stream >= {MIN_STREAM_TB_PER_S:.1f} TB/s", stream,
                lambda v: v >= MIN_STREAM_TB_PER_S, "{:.2f} TB/s"),
-    ]
+    ] + fixed_cost_target(rows)
+
+
+def fixed_cost_fit(rows, name):
+    """(intercept us, slope TB/s) of the least-squares line of ``name``'s GPU time against the
+    packed weight bytes over the rows of M <= FIXED_COST_MAX_M with at least
+    FIXED_COST_MIN_BYTES of weights; None where fewer than two distinct sizes qualify."""
+    points = [(weight_bytes(r), r["gpu_us"][name]) for r in rows
+              if r["m"] <= FIXED_COST_MAX_M and weight_bytes(r) >= FIXED_COST_MIN_BYTES
+              and isinstance(r["gpu_us"].get(name), (int, float))]
+    if len({b for b, _ in points}) < 2:
+        return None
+    mean_b = sum(b for b, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    slope = (sum((b - mean_b) * (t - mean_t) for b, t in points)
+             / sum((b - mean_b) ** 2 for b, _ in points))
+    return mean_t - slope * mean_b, 1e-6 / slope  # us per byte -> TB/s
+
+
+def fixed_cost_target(rows) -> list[Target]:
+    """D4, where the rows have decode M and large enough weights."""
+    auto, gemm = fixed_cost_fit(rows, "auto"), fixed_cost_fit(rows, "gemm")
+    if auto is None or gemm is None:
+        return []
+    excess = auto[0] - gemm[0]
+    return [Target(
+        "D4", f"fixed cost per call (intercept of time against weight bytes, M <= "
+              f"{FIXED_COST_MAX_M}, >= {FIXED_COST_MIN_BYTES / 1e6:.0f} MB) <= gemm's + "
+              f"{MAX_FIXED_COST_EXCESS_US} us",
+        excess <= MAX_FIXED_COST_EXCESS_US,
+        f"auto {auto[0]:.2f} us + bytes / {auto[1]:.2f} TB/s; gemm {gemm[0]:.2f} us + bytes / "
+        f"{gemm[1]:.2f} TB/s", [])]
 
 
 def held_out_targets(rows) -> list[Target]:
@@ -202,7 +238,7 @@ def held_out_targets(rows) -> list[Target]:
         Target("H3", f"auto/gemm geometric mean <= {HELD_OUT_MAX_GEMM_MEAN:.2f}",
                None if mean is None else mean <= HELD_OUT_MAX_GEMM_MEAN,
                "-" if mean is None else f"{mean:.3f}", []),
-    ]
+    ] + fixed_cost_target(rows)
 
 
 def targets_for(result) -> list[Target]:

@@ -70,6 +70,23 @@ def test_decode_targets():
     assert verdicts(report.decode_targets([row("qwen2.5-0.5b", 8, 8.0, 7.0, 7.1)]))["D3"] is None
 
 
+def test_fixed_cost_is_the_intercept_of_time_against_bytes():
+    # Exact lines: gemm 3 us + bytes / 4.5 TB/s, auto 3.4 us + the same stream; the 0.5B shape
+    # (under 50 MB) and M = 64 stay out of the fit.
+    def at(model, m, fixed):
+        k, n = SHAPES[model]
+        t = fixed + 2 * k * 2 * n / 4.5e6
+        return row(model, m, t + 5, t - fixed + 3.0, t)
+    rows = [at(model, m, 3.4) for model in ("qwen2.5-3b", "llama-3-8b", "qwen2.5-72b")
+            for m in (1, 8)] + [at("qwen2.5-0.5b", 1, 9.0), at("llama-3-8b", 64, 30.0)]
+    auto, gemm = report.fixed_cost_fit(rows, "auto"), report.fixed_cost_fit(rows, "gemm")
+    assert auto == pytest.approx((3.4, 4.5)) and gemm == pytest.approx((3.0, 4.5))
+    assert verdicts(report.decode_targets(rows))["D4"] is True
+    late = [at(r["model"], r["m"], 3.6) if r["m"] <= 8 else r for r in rows]
+    assert verdicts(report.held_out_targets(late))["D4"] is False  # 0.6 us over gemm's
+    assert report.fixed_cost_fit(rows[:2], "auto") is None  # one size: no line
+
+
 def test_held_out_targets():
     rows = [row("llama-3-8b", 300, 100.0, 99.0, 97.0), row("qwen2.5-3b", 5, 20.0, 20.0, 19.7)]
     assert verdicts(report.held_out_targets(rows)) == {"H1": True, "H2": True, "H3": True}
