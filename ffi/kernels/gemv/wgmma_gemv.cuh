@@ -65,8 +65,6 @@ struct WgmmaGemv {
   using TileK = cute::Int<kTileK>;
 
   static constexpr int kSharedBudget = WgmmaGemvSharedBudget(kCtasPerSm);
-  static constexpr int kWeightBoxBytes =
-      kWgmmaGemvBoxColumns * kTileK * static_cast<int>(sizeof(Element));
   static constexpr int kStageBytes =
       (kColumns + kTokens) * kTileK * static_cast<int>(sizeof(Element));
   // As many stages as kCtasPerSm CTAs an SM leave room for (the barriers take a few bytes).
