@@ -3,6 +3,7 @@ jax_swiglu's fused MLP blocks (jax_swiglu.nn.swap_mlp_blocks).
 
     python -m benchmarks.model_swap                                    # GPU: Llama-3.2-1B, 3.1-8B
     python -m benchmarks.model_swap --models llama-3.1-8b --layers 8
+    python -m benchmarks.model_swap --models llama-3.1-8b --layers 8 --fp8   # fp8 gate/up blocks
     python -m benchmarks.model_swap --tiny --out DIR                   # a tiny Llama 3, any device
 
 Needs google-tunix (``tunix.models.llama3``) and flax. Each model is built from tunix's
@@ -21,9 +22,12 @@ clock drift is not charged to one variant. The logits of the two are compared: r
 Frobenius error, max |difference| and how often the argmax agrees. For the prefill also
 against the original computed in float32 (the same weights, cast; --no-f32-reference skips
 it): the swapped model must be no farther from it than the bf16 original is (times
-F32_MARGIN), the bf16 tolerance that does not depend on the depth. Per call also: the kernel
+F32_MARGIN), the bf16 tolerance that does not depend on the depth. With --fp8 the swap
+quantizes every block's gate and up to e4m3 per channel (swap_mlp_blocks(fp8=True): the fused
+fp8 kernel, the down projection in bf16), and the error against the float32 model is stated,
+not held to that margin (fp8 weights and tokens carry their own). Per call also: the kernel
 the selection picks for one MLP block, and the jax_swiglu custom calls in the lowered HLO.
-Writes <date>-model-swap.json and .md to --out, by default benchmarks/results/<device>/ as
+Writes <date>-model-swap[-fp8].json and .md to --out, by default benchmarks/results/<device>/ as
 bench_swiglu does.
 """
 
@@ -268,7 +272,7 @@ def bench_model(name: str, args) -> dict:
     began = time.perf_counter()
     original = random_llama3(config, seed=args.seed)
     swapped = nnx.clone(original)  # shares every array until the swap packs gate and up
-    swapped_blocks = swap_mlp_blocks(swapped)
+    swapped_blocks = swap_mlp_blocks(swapped, fp8=args.fp8)
     steps = {"original": Steps(original), "swapped": Steps(swapped)}
     entry = {"model": name, "num_layers": config.num_layers, "embed_dim": config.embed_dim,
              "hidden_dim": config.hidden_dim, "vocab_size": config.vocab_size,
@@ -321,14 +325,18 @@ def bench_model(name: str, args) -> dict:
 
 def markdown(result: dict) -> str:
     env = result["environment"]
-    lines = [f"# tunix Llama 3, MLP blocks swapped for jax_swiglu ({env['device']})", "",
+    fp8 = result.get("fp8", False)
+    swap = ("jax_swiglu's fp8 blocks (gate and up in e4m3 per channel, down in bf16)" if fp8
+            else "jax_swiglu")
+    lines = [f"# tunix Llama 3, MLP blocks swapped for {swap} ({env['device']})", "",
              f"{env['date']}, jax {env['jax']}, jax_swiglu {env['jax_swiglu']}, google-tunix "
              f"{result['tunix']}, git {env['git']}; `{env['command']}`", "",
              f"Random bf16 weights; wall-clock medians of {result['iterations']} jitted calls "
              f"each (block_until_ready), in {result['rounds']} interleaved rounds. Logits: "
              "relative Frobenius error of swapped vs original, share of equal argmax, and "
-             "(prefill) swapped vs original error against the model in float32, which the "
-             f"swapped one must meet within {result['f32_margin']}x.", ""]
+             "(prefill) swapped vs original error against the model in float32, " + (
+                 "stated for fp8 (its weights and tokens carry their own error)." if fp8 else
+                 f"which the swapped one must meet within {result['f32_margin']}x."), ""]
     for note in result["notes"]:
         lines.append(f"* {note}")
     if result["notes"]:
@@ -346,7 +354,7 @@ def markdown(result: dict) -> str:
             if "swapped_vs_f32_rel_fro" in logits:
                 exact = (f"{logits['swapped_vs_f32_rel_fro']:.2e} / "
                          f"{logits['original_vs_f32_rel_fro']:.2e}"
-                         f"{'' if logits['within_bf16_tolerance'] else ' (OVER)'}")
+                         f"{'' if fp8 or logits['within_bf16_tolerance'] else ' (OVER)'}")
             lines.append(
                 f"| {model['model']} | {model['num_layers']} | {call['call']} | {shape} | "
                 f"{call['wall_ms']['original']:.3f} | {call['wall_ms']['swapped']:.3f} | "
@@ -376,6 +384,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-f32-reference", dest="f32_reference", action="store_false",
                         help="skip the float32 run of the original (prefill only; its weights "
                              "take twice the bf16 model's memory)")
+    parser.add_argument("--fp8", action="store_true",
+                        help="swap in fp8 blocks (gate and up quantized to e4m3 per channel)")
     parser.add_argument("--note", action="append", default=[],
                         help="a line for the head of the report; repeatable")
     return parser.parse_args(argv)
@@ -399,8 +409,10 @@ def main(argv=None):
     env = environment_lib.environment()
     out = args.out or default_out_dir(env["device"])
     os.makedirs(out, exist_ok=True)
-    stem = bench_swiglu.output_stem(out, env["date"][:10], "-model-swap")
+    stem = bench_swiglu.output_stem(out, env["date"][:10],
+                                    "-model-swap" + ("-fp8" if args.fp8 else ""))
     result = {"environment": env, "tunix": importlib.metadata.version("google-tunix"),
+              "fp8": args.fp8,
               "kernels_available": jax_swiglu.kernels_available(),
               "iterations": args.iterations, "rounds": args.rounds,
               "f32_margin": F32_MARGIN, "notes": args.note, "models": []}

@@ -26,7 +26,8 @@ import flax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jax_swiglu  # noqa: E402
-from jax_swiglu.nn import FusedSwiGLUMLP, SwiGLUMLP, swap_mlp_blocks  # noqa: E402
+from jax_swiglu.nn import (Fp8SwiGLUMLP, FusedSwiGLUMLP, SwiGLUMLP,  # noqa: E402
+                           swap_mlp_blocks)
 
 from helpers import random_x  # noqa: E402
 
@@ -137,6 +138,35 @@ def test_swap_keeps_the_model_output(key, k, n):
     assert relative_fro(after, before) <= MODEL_REL_FRO
     np.testing.assert_allclose(np.asarray(after, np.float32), np.asarray(before, np.float32),
                                atol=MODEL_MAX_ABS * float(jnp.max(jnp.abs(before))), rtol=0)
+
+
+@pytest.mark.parametrize("scale", ["per_channel", "per_tensor"])
+def test_swap_to_fp8_blocks(key, scale):
+    """fp8=True: every block an Fp8SwiGLUMLP with gate and up quantized once from the same
+    weights (the block is quantize_weights + fused_mlp on them, bit for bit), the down
+    projection kept; the model within fp8's error of the original."""
+    model = decoder(64, 200)
+    originals = [_kernels(layer.mlp) for layer in model.layers]
+    x = random_x(key, (2, 7, 64))
+    before = model(x)
+    assert swap_mlp_blocks(model, fp8=True, fp8_scale=scale) == 3
+    h = random_x(jax.random.fold_in(key, 1), (5, 64))
+    for layer, kernels in zip(model.layers, originals):
+        block = layer.mlp
+        assert isinstance(block, Fp8SwiGLUMLP) and block.scale_mode == scale
+        assert block.dtype == jnp.bfloat16 and block.activation == "silu"
+        weights = jax_swiglu.quantize_weights(kernels["gate_proj"], kernels["up_proj"],
+                                              scale=scale)
+        np.testing.assert_array_equal(block.gate_up_data[...], weights.data)
+        np.testing.assert_array_equal(block.down_proj.kernel[...], kernels["down_proj"])
+        np.testing.assert_array_equal(
+            block(h), jax_swiglu.fused_mlp(h, weights, kernels["down_proj"]))
+    after = model(x)
+    assert after.dtype == before.dtype and after.shape == before.shape
+    # e4m3 keeps 3 mantissa bits: a weight or token moves by up to 2^-4 of itself (about
+    # 2^-5 on average), each of the three blocks adds its own, and the residual stream keeps
+    # the input: a few percent, well under 2^-4 x 3 layers.
+    assert 0 < relative_fro(after, before) <= 0.08
 
 
 def test_swapped_model_binds_the_primitive_and_jits(key):
@@ -263,7 +293,8 @@ def test_refuses_without_a_block():
 
 @pytest.mark.parametrize("options, error", [
     ({"activation": "relu"}, ValueError), ({"kernel": "fastest"}, ValueError),
-    ({"dtype": jnp.float32}, TypeError)])
+    ({"dtype": jnp.float32}, TypeError), ({"fp8": "e4m3"}, TypeError),
+    ({"fp8": True, "fp8_scale": "per_row"}, ValueError)])
 def test_refuses_bad_arguments(options, error):
     model = decoder()
     with pytest.raises(error):
@@ -553,6 +584,35 @@ def test_model_swap_benchmark_runs_tiny(llama3, tmp_path):
                                                         ("decode", 2)]
     assert calls[0]["logits"]["within_bf16_tolerance"]
     assert all(c["logits"]["rel_fro"] <= MODEL_REL_FRO for c in calls)
+
+
+@pytest.mark.tunix
+def test_model_swap_benchmark_runs_tiny_fp8(llama3, tmp_path):
+    from benchmarks import model_swap
+
+    result = model_swap.main(["--tiny", "--fp8", "--out", str(tmp_path), "--iterations", "2",
+                              "--rounds", "1", "--decode-batch", "1"])
+    (md_path,) = tmp_path.glob("*-model-swap-fp8.md")
+    assert "fp8 blocks" in md_path.read_text() and result["fp8"]
+    prefill = result["models"][0]["calls"][0]["logits"]
+    assert 0 < prefill["rel_fro"] <= 0.08  # fp8's own error, as in test_swap_to_fp8_blocks
+
+
+def test_model_swap_report_states_fp8_errors_without_the_bf16_bound():
+    from benchmarks import model_swap
+
+    call = {"call": "prefill", "batch": 1, "tokens": 64, "wall_ms": {"original": 2.0,
+            "swapped": 1.6}, "speedup": 1.25, "kernel": "x: interleaved [fp8] (data)",
+            "logits": {"rel_fro": 0.03, "argmax_agree": 0.9, "swapped_vs_f32_rel_fro": 0.031,
+                       "original_vs_f32_rel_fro": 0.004, "within_bf16_tolerance": False}}
+    result = {"environment": {"device": "GPU", "date": "2026-12-04", "jax": "0",
+                              "jax_swiglu": "0", "git": "x", "command": "c"},
+              "tunix": "0", "iterations": 2, "rounds": 1, "f32_margin": model_swap.F32_MARGIN,
+              "notes": [], "models": [{"model": "tiny", "num_layers": 2, "calls": [call]}]}
+    assert "(OVER)" in model_swap.markdown(result)
+    text = model_swap.markdown(dict(result, fp8=True))
+    assert "fp8 blocks" in text and "stated for fp8" in text and "(OVER)" not in text
+    assert "3.10e-02 / 4.00e-03" in text
 
 
 # --- tunix's Qwen3-MoE (optional) --------------------------------------------------------------

@@ -431,7 +431,9 @@ class QuantizedParam(nnx.Variable):
 class Fp8SwiGLUMLP(nnx.Module):
     """The gated MLP block with gate and up in fp8 (:func:`jax_swiglu.quantize_weights`),
     through :func:`jax_swiglu.fused_mlp`: on an SM90 GPU the fused fp8 kernel (x quantized per
-    row first), elsewhere XLA's scaled fp8 dot. The down projection stays in ``dtype``.
+    row first), elsewhere the XLA path (the fp8 spec's fp32 math on the dequantized values).
+    The down projection stays in ``dtype``. :func:`swap_mlp_blocks` with ``fp8=True`` swaps a
+    model's blocks for these.
 
     Build it from a bf16 block with :meth:`quantize`. State:
 

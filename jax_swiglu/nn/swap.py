@@ -6,7 +6,9 @@ package's :class:`~jax_swiglu.nn.SwiGLUMLP`) keep each MLP as a module holding t
 bias-free linear layers, ``gate_proj`` and ``up_proj`` ([in, out] kernels ``[K, N]``) and
 ``down_proj`` (``[N, K]``), and compute ``down_proj(act(gate_proj(x)) * up_proj(x))``.
 :func:`swap_mlp_blocks` replaces every such block, in place, by a :class:`FusedSwiGLUMLP`
-holding the same weights, gate and up packed once. Its ``__call__(x)`` is the block's.
+holding the same weights, gate and up packed once (or, with ``fp8=True``, by an
+:class:`Fp8SwiGLUMLP` with gate and up quantized once to e4m3). Its ``__call__(x)`` is the
+block's.
 
 The activation is in the block's code, which the helper cannot read: the caller names it
 (``"silu"`` for Llama and Qwen, ``"gelu_tanh"`` for Gemma's ``nnx.gelu``). A block that
@@ -28,9 +30,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .. import _layout, _reference, selection
+from .. import _layout, _quantize, _reference, selection
 from . import _common
-from .nnx import FusedExpertsMLP, FusedMoE, FusedSwiGLUMLP
+from .nnx import Fp8SwiGLUMLP, FusedExpertsMLP, FusedMoE, FusedSwiGLUMLP
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -141,8 +143,14 @@ def _check(block: _Block, activation: str, dtype) -> None:
     block.dtype = jnp.dtype(compute)
 
 
-def _convert(block: _Block, kernel: str, activation: str) -> FusedSwiGLUMLP:
-    unfused = {name: {"kernel": getattr(block.module, name).kernel[...]} for name in PROJECTIONS}
+def _convert(block: _Block, kernel: str, activation: str,
+             fp8_scale: str | None) -> FusedSwiGLUMLP | Fp8SwiGLUMLP:
+    gate, up, down = (getattr(block.module, name).kernel[...] for name in PROJECTIONS)
+    if fp8_scale is not None:
+        weights = _quantize.quantize_weights(gate, up, scale=fp8_scale)
+        return Fp8SwiGLUMLP(weights, down, dtype=block.dtype, kernel=kernel,
+                            activation=activation)
+    unfused = {name: {"kernel": w} for name, w in zip(PROJECTIONS, (gate, up, down))}
     return FusedSwiGLUMLP.from_params(_common.fuse_params(unfused), dtype=block.dtype,
                                       kernel=kernel, activation=activation)
 
@@ -155,8 +163,9 @@ def _replace(parent, key, new) -> None:
 
 
 def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str = "silu",
-                    dtype=None) -> int:
-    """Replaces, in place, every gated MLP block of ``model`` by a :class:`FusedSwiGLUMLP`.
+                    dtype=None, fp8: bool = False, fp8_scale: str = "per_channel") -> int:
+    """Replaces, in place, every gated MLP block of ``model`` by a :class:`FusedSwiGLUMLP`
+    (or, with ``fp8``, an :class:`Fp8SwiGLUMLP`).
 
     A block is a submodule with ``gate_proj``, ``up_proj`` and ``down_proj`` layers, each a
     bias-free linear layer with a 2-D ``kernel`` param ([in, out], as ``nnx.Linear``). Each
@@ -180,6 +189,13 @@ def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str 
       dtype: the computation dtype (bfloat16 or float16); by default the layers' ``dtype``,
         else their kernels' dtype, as ``nnx.Linear(dtype=None)`` computes for inputs of that
         dtype.
+      fp8: quantize each block's gate and up once to ``float8_e4m3fn``
+        (:func:`jax_swiglu.quantize_weights`) and swap in an :class:`Fp8SwiGLUMLP`: the fused
+        fp8 kernel on an SM90 GPU, x quantized per row on each call; the down projection
+        stays in ``dtype``. The model then matches the fp8 spec, not the original: fp8
+        weights and tokens carry a few percent of error each.
+      fp8_scale: with ``fp8``, ``"per_channel"`` (a scale per gate/up column) or
+        ``"per_tensor"``, as in :func:`jax_swiglu.quantize_weights`.
 
     Returns:
       The number of blocks replaced.
@@ -193,6 +209,10 @@ def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str 
     selection.check_kernel_name(kernel)
     if dtype is not None:
         _common.check_kernel_dtype(dtype)
+    if not isinstance(fp8, bool):
+        raise TypeError(f"fp8 must be True or False, got {fp8!r}")
+    if fp8 and fp8_scale not in _quantize.SCALE_MODES:
+        raise ValueError(f"fp8_scale must be one of {_quantize.SCALE_MODES}, got {fp8_scale!r}")
     if not isinstance(model, nnx.Module):
         raise TypeError(f"swap_mlp_blocks takes an nnx.Module, got {type(model).__name__}")
     blocks = _find_blocks(model)
@@ -204,7 +224,7 @@ def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str 
         _check(block, activation, dtype)
     # One at a time, so the old block's weights can go before the next is packed.
     for block in blocks:
-        fused = _convert(block, kernel, activation)
+        fused = _convert(block, kernel, activation, fp8_scale if fp8 else None)
         for parent, key in block.references:
             _replace(parent, key, fused)
         block.module = None
