@@ -12,9 +12,9 @@ pick before and after side by side through JAX (CUPTI), with the XLA path beside
 
     python scripts/selection_picks.py measure before.json after.json --limit 24 --out m.md
 
-The picks of f48e24c (before issue 41), default build, are kept as
-benchmarks/results/NVIDIA_H200/2026-12-02-picks-f48e24c.json.gz: ``measure`` takes them as
-``before`` with no build of that tree.
+A record of picks stands in for a build of its tree: ``measure`` takes it as ``before``
+(issue 41's, the picks of f48e24c, is in git history:
+benchmarks/results/NVIDIA_H200/2026-12-02-changed-picks.md says where).
 """
 
 from __future__ import annotations
