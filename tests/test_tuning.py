@@ -56,3 +56,21 @@ def test_a_launch_with_wrong_outputs_is_flagged(monkeypatch, fake_native):
         PROBLEM, [_launch.Launch(PREFILL.id), _launch.Launch(DECODE.id)], samples=1,
         device=_device.Device("x", 90, 132, 4.9e12, local=False), inputs=_inputs())
     assert any("mean |output|" in (r["error"] or "") for r in results.values())
+
+
+@pytest.mark.skipif(not _native.kernels_available(), reason="needs the built extension's config table")
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_autotune_candidates_include_every_decode_form_at_every_split(m):
+    """What autotune times at decode M: each gemv row that holds M tokens (both forms) at
+    every cluster split K allows, beside the swap-AB rows, on a 7B-sized shape."""
+    problem = selection.Problem(m, 14336, 4096, "bfloat16")
+    launches = {(launch.row.id, launch.splits) for launch in measure.candidate_launches(problem)}
+    gemv = [row for row in _native.kernel_configs().values()
+            if row.family == "gemv" and row.max_m >= m]
+    assert {row.schedule for row in gemv} == {"cuda-cores", "tensor-cores"} or m > 8
+    for row in gemv:
+        splits = _native.split_choices(row.id, problem.k)
+        assert len(splits) > 1 and {(row.id, s) for s in splits} <= launches
+    assert any(_native.kernel_configs()[config].m_side == "weights"
+               and _native.kernel_configs()[config].family == "interleaved"
+               for config, _ in launches)
