@@ -65,12 +65,11 @@ def test_autotune_candidates_include_every_decode_form_at_every_split(m):
     every cluster split K allows, beside the swap-AB rows, on a 7B-sized shape."""
     problem = selection.Problem(m, 14336, 4096, "bfloat16")
     launches = {(launch.row.id, launch.splits) for launch in measure.candidate_launches(problem)}
-    gemv = [row for row in _native.kernel_configs().values()
-            if row.family == "gemv" and row.max_m >= m]
+    table = _native.kernel_configs()
+    gemv = [row for row in table.values() if row.family == "gemv" and row.max_m >= m]
     assert {row.schedule for row in gemv} == {"cuda-cores", "tensor-cores"} or m > 8
     for row in gemv:
         splits = _native.split_choices(row.id, problem.k)
         assert len(splits) > 1 and {(row.id, s) for s in splits} <= launches
-    assert any(_native.kernel_configs()[config].m_side == "weights"
-               and _native.kernel_configs()[config].family == "interleaved"
+    assert any(table[config].family == "interleaved" and table[config].m_side == "weights"
                for config, _ in launches)

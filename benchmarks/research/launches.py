@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_swiglu
+from jax_swiglu import _launch
 
 from ..bench_swiglu import fused, make_rotation, measure_side_by_side, variants
 from ..shapes import mlp_shape
@@ -34,7 +35,7 @@ def _forced(sets, config):
     run = fused(launch=config)
     fn = jax.jit(lambda xs, ws: [run(x, w) for x, w in zip(xs, ws)])
     xs, ws = [s[0] for s in sets], [s[1] for s in sets]
-    row_id = config.split(",")[0]
+    row_id = _launch.parse(config).config
     if not re.search(rf"\bconfig = {row_id} : i64", fn.lower(xs, ws).as_text()):
         raise RuntimeError(f"launch={config} did not reach the lowering")
     return fn, run
@@ -74,7 +75,7 @@ def main(argv=None):
                    for name, v in variants().items()}
             runs = {}
             for config in args.configs:
-                row = table[int(config.split(",")[0])]
+                row = table[_launch.parse(config).config]
                 if row.max_m and m > row.max_m:
                     continue
                 fns[f"c{config}"], runs[f"c{config}"] = _forced(sets, config)
