@@ -129,7 +129,9 @@
   X(43, Interleaved, Bits16, Pingpong, Weights, 128, 128, 64, 1, 2, Persistent, DirectStore, 1, Optional)  \
   X(44, Interleaved, Bits16, Pingpong, Weights, 160, 128, 64, 1, 2, Persistent, DirectStore, 1, Always) \
   X(45, Gemv, Bits16, TensorCores, Weights, 16, 128, 64, 1, 1, ClusterSplitK, DirectStore, 1, Always)  \
-  X(46, Gemv, Bits16, TensorCores, Weights, 16, 256, 64, 1, 1, ClusterSplitK, DirectStore, 1, Always)
+  X(46, Gemv, Bits16, TensorCores, Weights, 16, 256, 64, 1, 1, ClusterSplitK, DirectStore, 1, Always) \
+  X(47, Interleaved, Bits16, Pingpong, Tokens, 128, 192, 64, 1, 1, Grouped, DirectStore, 1, Optional)  \
+  X(48, Interleaved, Bits16, Cooperative, Tokens, 256, 192, 64, 1, 1, Grouped, DirectStore, 1, Always)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
