@@ -30,6 +30,7 @@ Writes benchmarks/results/<gpu>/<date>-moe.{json,md} after every row.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -42,11 +43,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_swiglu
+from jax_swiglu.selection import _engine
 
 from . import environment as environment_lib
 from . import peers
 from . import shapes as shapes_lib
 from .bench_swiglu import L2_BYTES, measure_side_by_side, output_stem
+from .tuning_data import GROUPED_METHOD
 
 ROUTINGS = ("balanced", "skewed")
 MAX_SETS = 8
@@ -168,7 +171,7 @@ def _spec_errors(y, x, sizes, w, rng):
 
 
 def bench_one(model, tokens, routing, weights, iterations, rounds, seed, with_peers=True,
-              launches=()):
+              launches=(), with_xla=True):
     k, f, experts, top_k = shapes_lib.MOE_MLPS[model]
     rows = tokens * top_k
     rng = np.random.default_rng(seed)
@@ -183,7 +186,8 @@ def bench_one(model, tokens, routing, weights, iterations, rounds, seed, with_pe
            "active_experts": [int(jnp.sum(s > 0)) for s in sizes[:1]][0],
            "flops": 2 * rows * k * 2 * f, "gpu_us": {}, "unsupported": {}, "mismatches": {},
            "rel_err": {}, "spec_rows": {}}
-    named = {"xla": _xla, "xla_two": _xla_two, "grouped": _grouped, "gemm": _gemm}
+    named = {"xla": _xla, "xla_two": _xla_two} if with_xla else {}
+    named.update({"grouped": _grouped, "gemm": _gemm})
     named.update({f"grouped:{c}": _forced(c) for c in launches})
     if with_peers:
         tokamax = _tokamax_variant()
@@ -234,7 +238,7 @@ def targets(rows) -> list[tuple[str, str, bool]]:
                                   1, 64, 1.2)):
         ratios = [xla_best(r) / r["gpu_us"]["grouped"] for r in rows
                   if low <= r["tokens"] <= high and xla_best(r) < math.inf]
-        failed = sum(1 for r in rows if low <= r["tokens"] <= high and xla_best(r) == math.inf)
+        failed = sum(1 for r in rows if low <= r["tokens"] <= high and "xla" in r["unsupported"])
         if ratios:
             found.append((name, f"min {min(ratios):.2f}x, geomean {_geomean(ratios):.2f}x "
                           f"({len(ratios)} rows" + (f"; XLA failed on {failed} more" if failed
@@ -265,8 +269,9 @@ def markdown(result) -> str:
     lines += ["| model | tokens | rows | routing | xla | xla_two | tokamax | grouped | gemm | "
               "xla/grouped | tokamax/grouped | grouped/gemm | off (grouped, xla) | grouped ran |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    def cell(t, name):
-        return f"{t[name]:.1f}" if name in t else "fails"
+    def cell(r, name):
+        t = r["gpu_us"]
+        return f"{t[name]:.1f}" if name in t else "fails" if name in r["unsupported"] else "—"
 
     for r in result["rows"]:
         t = r["gpu_us"]
@@ -275,9 +280,10 @@ def markdown(result) -> str:
         ran = re.search(r"config (\d+)", r["grouped_choice"])
         ran = f"config {ran.group(1)}" if ran else "xla"
         lines.append(
-            f"| {r['model']} | {r['tokens']} | {r['rows']} | {r['routing']} | {cell(t, 'xla')} | "
-            f"{cell(t, 'xla_two')} | {cell(t, 'tokamax')} | {t['grouped']:.1f} | {t['gemm']:.1f} | "
-            + (f"{best / t['grouped']:.2f}" if best < math.inf else "XLA fails")
+            f"| {r['model']} | {r['tokens']} | {r['rows']} | {r['routing']} | {cell(r, 'xla')} | "
+            f"{cell(r, 'xla_two')} | {cell(r, 'tokamax')} | {t['grouped']:.1f} | {t['gemm']:.1f} | "
+            + (f"{best / t['grouped']:.2f}" if best < math.inf
+               else "XLA fails" if "xla" in r["unsupported"] else "—")
             + f" | {tk_ratio} | {t['grouped'] / t['gemm']:.3f} | "
             f"{r['mismatches'].get('grouped')}, {r['mismatches'].get('xla', '—')} | {ran} |")
     forced = sorted({name for r in result["rows"] for name in r["gpu_us"]
@@ -316,6 +322,8 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, default=9)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--no-peers", action="store_true", help="skip tokamax")
+    parser.add_argument("--no-xla", action="store_true",
+                        help="skip XLA's ragged_dot paths (for timing the grouped rows alone)")
     parser.add_argument("--launches", nargs="*", type=int, default=[],
                         help="grouped rows to time forced beside the selection's pick")
     parser.add_argument("--budget-s", type=float, default=None,
@@ -326,12 +334,22 @@ def main(argv=None):
     if jax.default_backend() != "gpu":
         raise SystemExit("the benchmark needs a GPU")
     env = environment_lib.environment()
+    device = _engine.target_device()
+    if device is not None:
+        env["device_facts"] = device.as_dict()
     out_dir = args.out_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                            env["device"].replace(" ", "_"))
     os.makedirs(out_dir, exist_ok=True)
     stem = output_stem(out_dir, env["date"][:10], "-" + args.tag)
+    # The forced rows by their definitions (what tuning data keys them by: a row's id is only
+    # its place in this build's table), so benchmarks/tuning_data.py --grouped can merge them.
+    table = jax_swiglu.kernel_configs()
     result = {"environment": env, "iterations": args.iterations, "rounds": args.rounds,
-              "peers": peers.versions(), "complete": False, "rows": []}
+              "method": GROUPED_METHOD,
+              "peers": peers.versions(), "held_out_models": list(shapes_lib.MOE_HELD_OUT),
+              "configs": {f"grouped:{c}": dataclasses.asdict(table[c]) | {"key": table[c].key}
+                          for c in args.launches if c in table},
+              "complete": False, "rows": []}
     start = time.perf_counter()
     todo = [(m, t, r) for m in args.models for t in sorted(args.tokens) for r in args.routing]
     for i, (model, tokens, routing) in enumerate(todo):
@@ -343,7 +361,8 @@ def main(argv=None):
             k, f, experts, _ = shapes_lib.MOE_MLPS[model]
             weights = make_weights(jax.random.key(i), k, f, experts)
         row = bench_one(model, tokens, routing, weights, args.iterations, args.rounds, seed=i,
-                        with_peers=not args.no_peers, launches=args.launches)
+                        with_peers=not args.no_peers, launches=args.launches,
+                        with_xla=not args.no_xla)
         result["rows"].append(row)
         result["complete"] = i + 1 == len(todo)
         with open(stem + ".json", "w") as f:

@@ -22,6 +22,7 @@ measured M out instead: the rule between measured M, where the held-out M fall.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -319,6 +320,124 @@ def report_markdown(results, data_path: str, sources) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pinned_cutlass() -> str:
+    """The nvidia-cutlass version pyproject.toml's build requires."""
+    import tomllib
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "pyproject.toml"), "rb") as f:
+        requires = tomllib.load(f)["build-system"]["requires"]
+    return next(r.split("==", 1)[1] for r in requires if r.startswith("nvidia-cutlass=="))
+
+
+GROUPED_METHOD = "CUPTI through JAX, interleaved rounds (benchmarks/bench_moe.py --launches)"
+
+
+def _grouped_launch_keys(run: dict) -> tuple[dict, dict]:
+    """A bench_moe run's forced launches: ``grouped:<id>`` -> config key, and key -> the
+    config's fields. Runs that did not record them (before the run's ``configs``) are read with
+    this build's table: the row ids of the tree that measured them."""
+    from jax_swiglu import _native
+
+    recorded = run.get("configs") or {}
+    if recorded:
+        names = {name: fields["key"] for name, fields in recorded.items()}
+        fields = {fields["key"]: {k: v for k, v in fields.items() if k != "key"}
+                  for fields in recorded.values()}
+        return names, fields
+    table = _native.kernel_configs()
+    names, fields = {}, {}
+    for row in run["rows"]:
+        for name in row["gpu_us"]:
+            if name.startswith("grouped:") and int(name.split(":")[1]) in table:
+                config = table[int(name.split(":")[1])]
+                names[name] = config.key
+                fields[config.key] = dataclasses.asdict(config)
+    return names, fields
+
+
+def merge_grouped(document: dict, run: dict, *, include_held_out: bool = False) -> int:
+    """Adds a bench_moe run's forced grouped launches (``--launches``) to ``document``'s
+    ``grouped_entries`` (in place), one entry per (dtype, rows, F, K, experts, routing), the
+    newest run's; the held-out MoE shapes stay out. Returns the entries written."""
+    env = run["environment"]
+    if env.get("device") != document["device"]["kind"]:
+        raise ValueError(f"a run on {env.get('device')} cannot join tuning data of "
+                         f"{document['device']['kind']}")
+    names, fields = _grouped_launch_keys(run)
+    method = GROUPED_METHOD + ("" if run.get("configs")
+                               else "; row ids read with the merging tree's table")
+    run = dict(run, method=run.get("method") or method)
+    name = _calibration_id(run, document["calibrations"])
+    provenance = _provenance(run)
+    if not provenance["cutlass"]:
+        # A run on a carried prebuilt extension finds no nvidia-cutlass installed; its kernels
+        # were built against the build requirement's pinned headers.
+        provenance["cutlass"] = f"{_pinned_cutlass()} (the build requirement; not recorded)"
+    held = set(run.get("held_out_models", shapes_lib.MOE_HELD_OUT))
+    entries = {(e["dtype"], e["m"], e["n"], e["k"], e["experts"], e["routing"]): e
+               for e in document.get("grouped_entries", [])}
+    written = 0
+    for row in run["rows"]:
+        launch_us = {names[n]: round(us, 3) for n, us in sorted(row["gpu_us"].items())
+                     if n in names}
+        if not launch_us or (row["model"] in held and not include_held_out):
+            continue
+        entry = {"dtype": "bfloat16", "m": row["rows"], "n": row["f"], "k": row["k"],
+                 "experts": row["experts"], "routing": row["routing"], "launch_us": launch_us,
+                 "calibration": name}
+        entries[tuple(entry[f] for f in ("dtype", "m", "n", "k", "experts", "routing"))] = entry
+        written += 1
+    if written:
+        document["calibrations"][name] = provenance
+        document["configs"].update({key: fields[key] for key in names.values()})
+        document["grouped_entries"] = [entries[key] for key in sorted(entries)]
+    return written
+
+
+def grouped_report(data: _data.TuningData, runs) -> str:
+    """What the grouped choice picks on the runs' held-out models, from the data alone: per
+    (model, tokens), the pick's measured time over the fastest forced row's, under each
+    routing (markdown)."""
+    from jax_swiglu import selection
+
+    lines = ["## Grouped choice on held-out MoE shapes", "",
+             "| model | tokens | pick | balanced: pick / best | skewed: pick / best |",
+             "|---|---|---|---|---|"]
+    worst = []
+    for run in runs:
+        names, _ = _grouped_launch_keys(run)
+        held = set(run.get("held_out_models", shapes_lib.MOE_HELD_OUT))
+        by_call: dict = {}
+        for row in run["rows"]:
+            if row["model"] in held:
+                by_call.setdefault((row["model"], row["tokens"]), {})[row["routing"]] = row
+        for (model, tokens), routed in sorted(by_call.items()):
+            row = next(iter(routed.values()))
+            problem = selection.GroupedProblem(row["rows"], row["f"], row["k"], row["experts"],
+                                               "bfloat16")
+            choice = selection.choose_grouped(problem, platform="cuda", data=data)
+            pick_key = choice.launch.row.key
+            cells = []
+            for routing in ("balanced", "skewed"):
+                r = routed.get(routing)
+                times = {names[n]: us for n, us in (r or {}).get("gpu_us", {}).items()
+                         if n in names}
+                if not times or pick_key not in times:
+                    cells.append("—")
+                    continue
+                ratio = times[pick_key] / min(times.values())
+                worst.append(ratio)
+                cells.append(f"{ratio:.3f}")
+            lines.append(f"| {model} | {tokens} | config {choice.launch.config} | "
+                         + " | ".join(cells) + " |")
+    if worst:
+        geomean = math.exp(sum(math.log(r) for r in worst) / len(worst))
+        lines += ["", f"pick / best: geomean {geomean:.4f}, worst {max(worst):.3f} "
+                      f"({len(worst)} routed calls)"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("calibrations", nargs="*")
@@ -336,11 +455,19 @@ def main(argv=None):
     parser.add_argument("--fit-model", action="store_true",
                         help="refit the cost model's constants to the data (after any merge) "
                              "and write them to the data file")
+    parser.add_argument("--grouped", nargs="*", default=[],
+                        help="bench_moe runs with forced grouped rows (--launches) to merge into "
+                             "the grouped entries; the report covers their held-out MoE shapes")
     parser.add_argument("--legacy", nargs="*", default=[],
                         help="wave-1 calibration JSONs to import first (see LEGACY_METHOD)")
     args = parser.parse_args(argv)
-    if not args.calibrations and not args.cross_validate and not args.fit_model:
-        parser.error("give calibration JSONs, or --cross-validate or --fit-model")
+    if (not args.calibrations and not args.cross_validate and not args.fit_model
+            and not args.grouped):
+        parser.error("give calibration JSONs, or --grouped, --cross-validate or --fit-model")
+    grouped_runs = []
+    for path in args.grouped:
+        with open(path) as f:
+            grouped_runs.append(json.load(f))
     calibrations = []
     for path in args.calibrations:
         with open(path) as f:
@@ -378,10 +505,14 @@ def main(argv=None):
         for calibration, source in zip(calibrations, args.calibrations):
             written = merge(document, calibration, include_held_out=args.include_held_out)
             print(f"{source}: {written} entries")
+    if grouped_runs and not args.report_only:
+        for run, source in zip(grouped_runs, args.grouped):
+            written = merge_grouped(document, run, include_held_out=args.include_held_out)
+            print(f"{source}: {written} grouped entries")
     if args.fit_model:
         document = fit_model(document)
         print(document["model"]["provenance"])
-    if (calibrations and not args.report_only) or args.fit_model:
+    if ((calibrations or grouped_runs) and not args.report_only) or args.fit_model:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(document, f, indent=1, sort_keys=True)
@@ -394,6 +525,8 @@ def main(argv=None):
         rows = [row for c in calibrations for row in c["rows"] if held_out(row, c)]
         sections.append(report_markdown(evaluate(data, rows), os.path.basename(path),
                                         args.calibrations))
+    if grouped_runs:
+        sections.append(grouped_report(_data.TuningData(document, source=path), grouped_runs))
     if args.cross_validate:
         sections.append(cross_validation_markdown(
             cross_validate(document, args.cross_validate), os.path.basename(path),

@@ -1,6 +1,7 @@
 """benchmarks/: the targets on hand-made numbers, the reports, the runs' bookkeeping (GPU
 measurements faked), and the calibration -> tuning data merge."""
 
+import dataclasses
 import json
 import os
 import re
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_swiglu, calibrate, report, tuning_data
+from benchmarks import bench_swiglu, calibrate, report, shapes, tuning_data
+from helpers import requires_kernels
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"date": "2026-01-02T03:04:05+00:00", "command": "python -m benchmarks.bench_swiglu",
@@ -328,6 +330,76 @@ def test_tuning_data_refuses_another_device(tmp_path):
                                            "sm_count": 114, "dram_bytes_per_s": 2e12})
     with pytest.raises(ValueError, match="cannot join"):
         tuning_data.merge(document, calibration)
+
+
+def _moe_run(times, git="abc1234"):
+    """A bench_moe run with grouped rows 33 and 48 forced: ``times`` maps (model, tokens,
+    routing) to their (33, 48) times."""
+    from jax_swiglu import kernel_configs
+
+    table = kernel_configs()
+    configs = {f"grouped:{c}": {**dataclasses.asdict(table[c]), "key": table[c].key}
+               for c in (33, 48)}
+    rows = []
+    for (model, tokens, routing), (t33, t48) in times.items():
+        k, f, experts, top_k = shapes.MOE_MLPS[model]
+        rows.append({"model": model, "tokens": tokens, "rows": tokens * top_k, "routing": routing,
+                     "k": k, "f": f, "experts": experts, "top_k": top_k,
+                     "gpu_us": {"grouped": t33, "gemm": 1.0, "grouped:33": t33,
+                                "grouped:48": t48}})
+    return {"environment": {**ENV, "git": git, "command": "python -m benchmarks.bench_moe"},
+            "method": tuning_data.GROUPED_METHOD, "held_out_models": ["olmoe-1b-7b"],
+            "configs": configs, "rows": rows}
+
+
+@requires_kernels
+def test_tuning_data_merges_grouped_runs_and_reports_held_out_models(tmp_path):
+    """Forced grouped rows of a bench_moe run become grouped entries keyed by the rows'
+    definitions (the held-out MoE shapes stay out); the newer run's entry wins; the grouped
+    choice then follows the measured ratio, and the report judges it on the held-out shapes."""
+    from jax_swiglu import kernel_configs, selection
+    from jax_swiglu.selection import _data
+
+    first = _moe_run({("qwen3-30b-a3b", 4096, "balanced"): (330.0, 300.0),
+                      ("qwen3-30b-a3b", 4096, "skewed"): (390.0, 360.0),
+                      ("olmoe-1b-7b", 4096, "balanced"): (400.0, 380.0)})
+    second = _moe_run({("qwen3-30b-a3b", 4096, "balanced"): (331.0, 120.0),
+                       ("qwen3-30b-a3b", 4096, "skewed"): (392.0, 150.0),
+                       ("olmoe-1b-7b", 4096, "skewed"): (430.0, 500.0)}, git="def5678")
+    paths = []
+    for i, run in enumerate((first, second)):
+        paths.append(tmp_path / f"moe{i}.json")
+        paths[-1].write_text(json.dumps(run))
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(tuning_data.empty_document(
+        {"kind": "NVIDIA H200", "compute_capability": 90, "sm_count": 132,
+         "dram_bytes_per_s": 4.9e12})))
+    tuning_data.main(["--grouped", *map(str, paths), "--data", str(data), "--report",
+                      str(tmp_path / "r.md")])
+    document = json.loads(data.read_text())
+    entries = document["grouped_entries"]
+    assert [(e["m"], e["routing"]) for e in entries] == [(32768, "balanced"), (32768, "skewed")]
+    keys = {kernel_configs()[c].key for c in (33, 48)}
+    assert all(set(e["launch_us"]) == keys for e in entries)
+    assert {e["calibration"] for e in entries} == {"2026-01-02-def5678"}
+    assert document["calibrations"]["2026-01-02-def5678"]["method"] == tuning_data.GROUPED_METHOD
+    assert keys <= set(document["configs"])
+    loaded = _data.TuningData(document)
+    problem = selection.GroupedProblem(32768, 768, 2048, 128, "bfloat16")
+    ratio = (loaded.grouped_correction(kernel_configs()[48].key, "balanced", "bfloat16",
+                                       *(32768, 768, 2048, 128))
+             / loaded.grouped_correction(kernel_configs()[33].key, "balanced", "bfloat16",
+                                         *(32768, 768, 2048, 128)))
+    # Each correction is measured / model at the one entry of its routing there.
+    model_us = {c: selection._model.grouped_us(kernel_configs()[c], selection._model.Problem(
+        32768, 768, 2048), [(256, 128)], 132, 4.9e12, loaded.constants) for c in (33, 48)}
+    assert ratio * model_us[48] / model_us[33] == pytest.approx(120.0 / 331.0, rel=1e-3)
+    choice = selection.choose_grouped(problem, platform="cuda", data=loaded)
+    assert choice.launch.config == 48
+    assert "corrected by the grouped measurements" in choice.reason
+    report_md = (tmp_path / "r.md").read_text()
+    assert "| olmoe-1b-7b | 4096 | config 48 | — | 1.163 |" in report_md, report_md
+    assert "| qwen3-30b-a3b |" not in report_md
 
 
 def test_calibration_plan_and_groups():

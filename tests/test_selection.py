@@ -389,6 +389,11 @@ def test_shipped_data_has_provenance(path):
     with open(path) as f:
         model = json.load(f)["model"]
     assert model["provenance"] and data.constants and data.rule  # the cost model's constants
+    # Grouped entries: from recorded runs, of rows the data defines, never a held-out MoE shape.
+    assert {e.calibration for e in data.grouped_entries} <= set(data.calibrations)
+    assert all(data.config(key) is not None for e in data.grouped_entries for key in e.launch_us)
+    held_out_moe = {shapes.MOE_MLPS[name][:3] for name in shapes.MOE_HELD_OUT}
+    assert not [e for e in data.grouped_entries if (e.k, e.n, e.experts) in held_out_moe]
 
 
 @requires_kernels

@@ -274,13 +274,15 @@ def check_forced_grouped_launch(launch: _launch.Launch, problem: GroupedProblem)
 
 
 def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
-                   launch: _launch.Launch | None = None, platform: str = "cuda") -> Choice:
+                   launch: _launch.Launch | None = None, platform: str = "cuda",
+                   data: _data.TuningData | None = None) -> Choice:
     """What runs a grouped call on ``platform``: a forced ``launch``, the XLA path
     (``kernel="xla"``, no CUDA, no extension, no SM90 GPU), or the grouped row the cost model
     (_model.grouped_us: tiles of each expert's rows, rounds over the SMs, each active
     expert's weights streamed once, rereads) predicts closest to the best under both a
     balanced and a skewed routing (_model.routings), since the routing is not known when
-    the call is compiled."""
+    the call is compiled; each prediction corrected by the grouped measurements of the
+    shipped tuning data (or ``data``) nearby."""
     no_kernel = _no_fused_kernel(kernel, launch, platform)
     if no_kernel is not None:
         return no_kernel
@@ -297,17 +299,31 @@ def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
     device = _engine.target_device()
     if device is None:
         device = _device.Device("unknown", 90, 132, 3.35e12, local=False)
-    data = _data.shipped(device.kind) or _data.any_sm90()
+    data = data or _data.shipped(device.kind) or _data.any_sm90()
     if data is None:
         raise RuntimeError("jax_swiglu: no tuning data file is shipped, so the cost model has "
                            "no constants; reinstall the package")
     model = _model.Problem(problem.m, problem.n, problem.k)
     # The routing is on the device: weigh a balanced and a skewed one, and take the row whose
-    # worse ratio to the best of that routing is least (ties: the faster balanced).
+    # worse ratio to the best of that routing is least (ties: the faster balanced). Each
+    # prediction is corrected by the row's grouped measurements nearby, where the data has
+    # them for this device.
     scenarios = _model.routings(problem.m, problem.experts)
-    times = {row.id: {name: _model.grouped_us(row, model, groups, device.sm_count,
-                                              device.dram_bytes_per_s, data.constants)
-                      for name, groups in scenarios.items()} for row in found}
+    same_device = (data.device["sm_count"] == device.sm_count
+                   and int(data.device["compute_capability"]) == device.compute_capability)
+    corrected = set()
+
+    def predicted(row, name, groups):
+        us = _model.grouped_us(row, model, groups, device.sm_count, device.dram_bytes_per_s,
+                               data.constants)
+        factor = data.grouped_correction(row.key, name, "bfloat16", problem.m, problem.n,
+                                         problem.k, problem.experts) if same_device else None
+        if factor is not None:
+            corrected.add(row.id)
+        return us * (factor or 1.0)
+
+    times = {row.id: {name: predicted(row, name, groups) for name, groups in scenarios.items()}
+             for row in found}
     best = {name: min(t[name] for t in times.values()) for name in scenarios}
     regret = {i: max(t[name] / best[name] for name in scenarios) for i, t in times.items()}
     ranked = sorted(times, key=lambda i: (round(regret[i], 3), times[i]["balanced"], i))
@@ -318,6 +334,9 @@ def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
                 f"{times[i]['skewed']:.1f} us skewed")
     runner_up = f"; next {said(ranked[1])}" if len(ranked) > 1 else ""
     source = "heuristic" if kernel == "auto" else f"kernel={kernel!r}, then heuristic"
+    basis = (f"the cost model on {device.sm_count} SMs, corrected by the grouped measurements "
+             f"in {data.source.rsplit('/', 1)[-1]}" if corrected
+             else f"the cost model on {device.sm_count} SMs")
     return Choice(_launch.Launch(pick), f"predicted {said(pick)} (within "
-                  f"{regret[pick]:.2f}x of the best of either routing){runner_up} (the cost "
-                  f"model on {device.sm_count} SMs)", source)
+                  f"{regret[pick]:.2f}x of the best of either routing){runner_up} ({basis})",
+                  source)

@@ -13,6 +13,11 @@ Two ways to use it:
     log K) is averaged, weighted by distance, and applied to the prediction at the new
     problem. The model carries what changes abruptly between shapes (rounds of tiles on the
     SMs, padding), the correction what changes smoothly (how efficient a config is there).
+
+Grouped (mixture-of-experts) calls are corrected the same way from ``grouped_entries``: every
+grouped row forced on some expert shapes and token counts under a balanced and a skewed routing
+(the routing exists only on the device, so the choice weighs both), nearest in (log rows per
+expert, log N, log K).
 """
 
 from __future__ import annotations
@@ -92,6 +97,26 @@ class Entry:
         return _model.Problem(self.m, self.n, self.k)
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupedEntry:
+    """Grouped (mixture-of-experts) launches timed on one problem: ``m`` rows over ``experts``
+    experts of ``[k, 2n]`` packed weights, routed as ``routing`` ("balanced" or "skewed", the
+    cost model's ``routings``), each grouped row forced (benchmarks/bench_moe.py --launches)."""
+
+    dtype: str
+    m: int
+    n: int
+    k: int
+    experts: int
+    routing: str
+    launch_us: dict  # config key -> GPU time (us)
+    calibration: str
+
+    @property
+    def point(self) -> tuple[float, float, float]:
+        return _grouped_point(self.m, self.n, self.k, self.experts)
+
+
 class TuningData:
     """One device's measurements (see the module docstring)."""
 
@@ -111,6 +136,8 @@ class TuningData:
         self.calibrations = document.get("calibrations", {})
         self.configs = document.get("configs", {})
         self.entries = [Entry(**entry) for entry in document.get("entries", [])]
+        self.grouped_entries = [GroupedEntry(**entry)
+                                for entry in document.get("grouped_entries", [])]
         self._exact = {(e.dtype, e.m, e.n, e.k): e for e in self.entries}
 
     @classmethod
@@ -181,6 +208,37 @@ class TuningData:
             found |= {launch for launch, us in entry.launch_us.items() if us <= margin * best}
         return found
 
+    @functools.cached_property
+    def _grouped_by_launch(self) -> dict:
+        """(config key, routing) -> [(dtype, point, log(measured / model))] of the grouped
+        entries, the model evaluated with this data's own device."""
+        device = _device.device_from_dict(self.device, local=False)
+        table: dict = {}
+        for entry in self.grouped_entries:
+            groups = _model.routings(entry.m, entry.experts)[entry.routing]
+            for key, us in entry.launch_us.items():
+                config = self.config(key)
+                if config is None or not us or us <= 0:
+                    continue
+                predicted = _model.grouped_us(config, _model.Problem(entry.m, entry.n, entry.k),
+                                              groups, device.sm_count, device.dram_bytes_per_s,
+                                              self.constants)
+                table.setdefault((key, entry.routing), []).append(
+                    (entry.dtype, entry.point, math.log(us / predicted)))
+        return table
+
+    def grouped_correction(self, key: str, routing: str, dtype: str, m: int, n: int, k: int,
+                           experts: int) -> float | None:
+        """The grouped row ``key``'s measured / model time under ``routing`` near the problem,
+        as ``correction`` for dense launches; the distance's first coordinate is the rows per
+        expert (what sizes a grouped call's tiles), not the rows. None when no grouped
+        measurement of the row is close enough."""
+        here = _grouped_point(m, n, k, experts)
+        return self.rule.nearest_geometric_mean(
+            [(self.rule.distance(point, here), residual)
+             for point_dtype, point, residual in self._grouped_by_launch.get((key, routing), ())
+             if point_dtype == dtype])
+
     def xla_ratio(self, dtype: str, m: int, n: int, k: int) -> float | None:
         """The XLA path's time over the fastest fused launch's, near (m, n, k): measured at an
         exact entry, else the distance-weighted geometric mean of the nearest entries that
@@ -200,6 +258,10 @@ class TuningData:
 
 def _log_point(m: int, n: int, k: int) -> tuple[float, float, float]:
     return math.log(m), math.log(n), math.log(k)
+
+
+def _grouped_point(m: int, n: int, k: int, experts: int) -> tuple[float, float, float]:
+    return math.log(max(m, 1) / max(experts, 1)), math.log(n), math.log(k)
 
 
 def data_path(device_kind: str) -> str:
