@@ -272,7 +272,8 @@ def bench_model(name: str, args) -> dict:
     began = time.perf_counter()
     original = random_llama3(config, seed=args.seed)
     swapped = nnx.clone(original)  # shares every array until the swap packs gate and up
-    swapped_blocks = swap_mlp_blocks(swapped, fp8=args.fp8)
+    swapped_blocks = swap_mlp_blocks(swapped, fp8=args.fp8,
+                                     accumulation=args.accumulation if args.fp8 else "promoted")
     steps = {"original": Steps(original), "swapped": Steps(swapped)}
     entry = {"model": name, "num_layers": config.num_layers, "embed_dim": config.embed_dim,
              "hidden_dim": config.hidden_dim, "vocab_size": config.vocab_size,
@@ -326,8 +327,9 @@ def bench_model(name: str, args) -> dict:
 def markdown(result: dict) -> str:
     env = result["environment"]
     fp8 = result.get("fp8", False)
-    swap = ("jax_swiglu's fp8 blocks (gate and up in e4m3 per channel, down in bf16)" if fp8
-            else "jax_swiglu")
+    accumulation = result.get("accumulation", "promoted")
+    swap = (f"jax_swiglu's fp8 blocks (gate and up in e4m3 per channel, {accumulation} "
+            "accumulation, down in bf16)" if fp8 else "jax_swiglu")
     lines = [f"# tunix Llama 3, MLP blocks swapped for {swap} ({env['device']})", "",
              f"{env['date']}, jax {env['jax']}, jax_swiglu {env['jax_swiglu']}, google-tunix "
              f"{result['tunix']}, git {env['git']}; `{env['command']}`", "",
@@ -386,6 +388,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "take twice the bf16 model's memory)")
     parser.add_argument("--fp8", action="store_true",
                         help="swap in fp8 blocks (gate and up quantized to e4m3 per channel)")
+    parser.add_argument("--accumulation", choices=("promoted", "fast"), default="promoted",
+                        help="with --fp8, the fp8 kernel's accumulation (swiglu's accumulation=)")
     parser.add_argument("--note", action="append", default=[],
                         help="a line for the head of the report; repeatable")
     return parser.parse_args(argv)
@@ -410,9 +414,11 @@ def main(argv=None):
     out = args.out or default_out_dir(env["device"])
     os.makedirs(out, exist_ok=True)
     stem = bench_swiglu.output_stem(out, env["date"][:10],
-                                    "-model-swap" + ("-fp8" if args.fp8 else ""))
+                                    "-model-swap" + ("-fp8" if args.fp8 else "")
+                                    + ("-fast" if args.fp8 and args.accumulation == "fast"
+                                       else ""))
     result = {"environment": env, "tunix": importlib.metadata.version("google-tunix"),
-              "fp8": args.fp8,
+              "fp8": args.fp8, "accumulation": args.accumulation if args.fp8 else "promoted",
               "kernels_available": jax_swiglu.kernels_available(),
               "iterations": args.iterations, "rounds": args.rounds,
               "f32_margin": F32_MARGIN, "notes": args.note, "models": []}

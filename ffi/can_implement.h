@@ -152,11 +152,14 @@ inline std::string CannotRun(const KernelConfig& c, const SwigluProblem& p) {
            std::to_string(p.splits);
   }
   if (c.operands == Operands::Fp8E4m3) {
-    // CUTLASS promotes after whole k tiles: an interval of their wgmma (32 of K each).
+    // CUTLASS promotes after whole k tiles: an interval of their wgmma (32 of K each), or
+    // once at the end (kFastAccumulation).
     const int per_tile = c.tile_k / 32;
-    if (p.fp8_promotion < 2 || p.fp8_promotion > 64 || p.fp8_promotion % per_tile != 0) {
+    if (p.fp8_promotion != kFastAccumulation &&
+        (p.fp8_promotion < 2 || p.fp8_promotion > 64 || p.fp8_promotion % per_tile != 0)) {
       return name + " promotes after whole k tiles of " + std::to_string(per_tile) +
-             " wgmma (an interval in 2..64); got promotion=" + std::to_string(p.fp8_promotion);
+             " wgmma (an interval in 2..64, or 0 for fast accumulation); got promotion=" +
+             std::to_string(p.fp8_promotion);
     }
   }
   return {};

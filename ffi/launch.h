@@ -20,6 +20,9 @@ namespace jax_swiglu {
 struct BF16 {};
 struct F16 {};
 
+// SwigluProblem::fp8_promotion's fast accumulation: no promotion before the last k tile.
+inline constexpr int kFastAccumulation = 0;
+
 // One fused gated-MLP call: out[M, N] = act(x @ W_gate) * (x @ W_up), all row-major, with
 // act the launcher's Activation (SiLU for SwiGLU, GELU's tanh form for GeGLU).
 struct SwigluProblem {
@@ -51,7 +54,8 @@ struct SwigluProblem {
   // fp8 only: wgmma instructions (32 of K each) between two promotions of the tensor cores'
   // accumulators into the fp32 ones (CUTLASS's mma_promotion_interval; a multiple of the
   // k tile's, tile_k / 32). The tensor cores accumulate fp8 products at reduced precision in
-  // between.
+  // between. kFastAccumulation (0): one promotion, after the last k tile (the tensor cores
+  // add all of K, as cuBLASLt's fast accumulation does).
   int fp8_promotion = 4;
   // Grouped rows only (a mixture-of-experts call): `packed` holds `experts` packed matrices
   // [k, 2 * n_packed] one after the other, and x's rows are sorted by expert, group_sizes[e]

@@ -80,6 +80,24 @@ def _refuse_forced_fused(kernel: str, launch, why: str) -> None:
                          "it on the XLA path")
 
 
+ACCUMULATIONS = _primitive.ACCUMULATIONS
+
+
+def check_accumulation(accumulation, fp8: bool, launch=None) -> None:
+    """``accumulation`` is "promoted" or, on fp8 weights, "fast"; a forced launch's own
+    promotion interval would contradict "fast"."""
+    if accumulation not in ACCUMULATIONS:
+        raise ValueError(f"accumulation must be one of {ACCUMULATIONS}, got {accumulation!r}")
+    if accumulation == "fast":
+        if not fp8:
+            raise ValueError("accumulation='fast' is for fp8 weights (QuantizedWeights): 16-bit "
+                             "weights always accumulate in fp32")
+        forced = _launch.parse(launch) if launch is not None else None
+        if forced is not None and forced.promotion not in (None, _launch.FAST_ACCUMULATION):
+            raise ValueError(f"launch={forced} promotes every {forced.promotion} wgmma, which "
+                             "accumulation='fast' contradicts: drop one of the two")
+
+
 def _requested_launch(launch, kernel: str, weights: str, n: int, k: int, weights_dtype):
     """The forced launch as a ``Launch`` (None for none), checked where the check does not
     depend on M (which a sharded call only knows per device): the row is compiled, runs these
@@ -102,7 +120,7 @@ def _requested_launch(launch, kernel: str, weights: str, n: int, k: int, weights
 
 
 def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
-           x_scale=None):
+           x_scale=None, accumulation: str = "promoted"):
     """``act(x @ W_gate) * (x @ W_up)`` as one fused kernel (inference only): SwiGLU with
     ``activation="silu"`` (the default), GeGLU with ``"gelu_tanh"``.
 
@@ -133,6 +151,12 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
         multiple of 16), else the XLA path (the dequantized values in fp32 math:
         :func:`swiglu_reference_quantized`), and return x's dtype for 16-bit ``x``,
         bfloat16 for fp8 ``x``.
+      accumulation: with fp8 weights, how the fused kernel adds the products: ``"promoted"``
+        (the default: the tensor cores' partial sums, which they add at less than fp32
+        precision, are promoted to fp32 after every k tile of 128) or ``"fast"`` (the tensor
+        cores add all of K and promote once, as cuBLASLt's fast accumulation and XLA's fp8
+        dot at default precision do: faster, and further from the fp32 sums on long K; the
+        XLA path stays fp32 either way). 16-bit weights always accumulate in fp32.
 
     Returns:
       ``[..., N]``: products accumulated in fp32, activation and product in fp32, rounded
@@ -144,6 +168,7 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
     """
     activation = _reference.resolve_activation(activation)
     kernel = selection.requested_kernel(kernel)
+    check_accumulation(accumulation, isinstance(packed, _quantize.QuantizedWeights), launch)
     if isinstance(packed, _quantize.QuantizedWeights):
         _check_fp8_call(x, packed, x_scale)
         why = _xla_only_reason(x.dtype, activation)
@@ -153,7 +178,7 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
                                                          activation=activation)
         forced = _requested_launch(launch, kernel, "fp8", packed.n, packed.k, packed.dtype)
         return _swiglu_fp8(x, packed, kernel=kernel, launch=forced, activation=activation,
-                           x_scale=x_scale)
+                           x_scale=x_scale, accumulation=accumulation)
     if x_scale is not None:
         raise ValueError("x_scale is for fp8 weights (QuantizedWeights); these are "
                          f"{type(packed).__name__}")
@@ -171,11 +196,12 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
         return jnp.zeros((*lead, packed.n), x.dtype)
     y = swiglu_p.bind(x.reshape(m, packed.k), packed.data, n=packed.n, weights="packed",
                       kernel=kernel, launch=forced, activation=activation,
-                      out_dtype=jnp.dtype(x.dtype).name)
+                      out_dtype=jnp.dtype(x.dtype).name, accumulation="promoted")
     return y.reshape(*lead, packed.n)
 
 
-def _swiglu_fp8(x, weights: _quantize.QuantizedWeights, *, kernel, launch, activation, x_scale):
+def _swiglu_fp8(x, weights: _quantize.QuantizedWeights, *, kernel, launch, activation, x_scale,
+                accumulation):
     out_dtype = _reference.fp8_output_dtype(x.dtype)
     lead = x.shape[:-1]
     m = math.prod(lead)
@@ -184,12 +210,14 @@ def _swiglu_fp8(x, weights: _quantize.QuantizedWeights, *, kernel, launch, activ
     x_q, x_scale = _reference.quantized_tokens(x, x_scale, weights.dtype)
     y = swiglu_p.bind(x_q.reshape(m, weights.k), x_scale.reshape(m), weights.data,
                       weights.scales, n=weights.n, weights="fp8", kernel=kernel, launch=launch,
-                      activation=activation, out_dtype=out_dtype.name)
+                      activation=activation, out_dtype=out_dtype.name,
+                      accumulation=accumulation)
     return y.reshape(*lead, weights.n)
 
 
 def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
-              activation="silu", reduce_dtype=None, x_scale=None):
+              activation="silu", reduce_dtype=None, x_scale=None,
+              accumulation: str = "promoted"):
     """A whole gated MLP block: ``(act(x @ W_gate) * (x @ W_up)) @ W_down``.
 
     The gated part is :func:`swiglu`; the down projection is a plain XLA dot. With the
@@ -200,8 +228,8 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
       x: ``[..., K]``.
       packed: :class:`PackedWeights` (``K -> N``).
       w_down: ``[N, K_out]``, same dtype as ``x``.
-      kernel, launch, activation, x_scale: as in :func:`swiglu` (``packed`` may be fp8
-        :class:`QuantizedWeights`; ``w_down`` is then in the call's output dtype).
+      kernel, launch, activation, x_scale, accumulation: as in :func:`swiglu` (``packed``
+        may be fp8 :class:`QuantizedWeights`; ``w_down`` is then in the call's output dtype).
       reduce_dtype: ``None`` (x's dtype) or ``jnp.float32``: the dtype of the down
         projection's result before the cast to x's dtype, so under row parallelism the
         dtype of the partial sums that the all-reduce adds. x's dtype, as a plain XLA model
@@ -224,7 +252,8 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
     if reduce_dtype not in (jnp.dtype(jnp.float32), out_dtype):
         raise TypeError(f"reduce_dtype must be None (x's dtype, {out_dtype}) or float32, got "
                         f"{reduce_dtype}")
-    y = swiglu(x, packed, kernel=kernel, launch=launch, activation=activation, x_scale=x_scale)
+    y = swiglu(x, packed, kernel=kernel, launch=launch, activation=activation, x_scale=x_scale,
+               accumulation=accumulation)
     out = jnp.matmul(y, w_down, preferred_element_type=reduce_dtype,
                      out_sharding=_down_projection_sharding(y, w_down))
     return out.astype(out_dtype)
@@ -251,7 +280,7 @@ def _padded_spec(sharding, ndim: int) -> tuple:
 
 
 def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
-            platform: str | None = None) -> str:
+            platform: str | None = None, accumulation: str = "promoted") -> str:
     """Which kernel a call with these shapes would run, and why, without running it.
 
     The first line says it in plain words; the second (``details:``) names the launch as
@@ -264,6 +293,7 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
     """
     activation = _reference.resolve_activation(activation)
     kernel = selection.requested_kernel(kernel)
+    check_accumulation(accumulation, isinstance(packed, _quantize.QuantizedWeights), launch)
     platform = platform or jax.default_backend()
     platform = "cuda" if platform == "gpu" else platform
     m = math.prod(x.shape[:-1])
@@ -290,6 +320,7 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
         return header + f"runs plain XLA, since {why}\n  details: xla (the XLA reference)"
     problem = selection.Problem(m, packed.n, packed.k, out_dtype,
                                 _primitive.operands_of(weights, packed.dtype), activation)
-    choice = selection.choose(problem, kernel=kernel, launch=forced, platform=platform)
+    choice = _primitive.with_accumulation(
+        selection.choose(problem, kernel=kernel, launch=forced, platform=platform), accumulation)
     # First what runs and why in plain words, then the launch, its source and its numbers.
     return header + choice.in_words() + "\n  details: " + choice.describe(problem)

@@ -9,6 +9,7 @@ data and autotune cache store::
     "interleaved:18,splits=2" the same row (its family named too), split-K 2
     "3,swizzle=4,raster=m"    tile order of the persistent scheduler
     "27,promotion=8"          an e4m3 row promoting every 8 wgmma
+    "27,promotion=0"          ... promoting once, after the last k tile (fast accumulation)
 
 Whether the row can run a problem is the extension's question (``_native.can_implement``).
 """
@@ -22,6 +23,9 @@ import numpy as np
 from . import _native
 
 RASTER_ORDERS = {"heuristic": 0, "m": 1, "n": 2}  # FFI attribute values
+# The e4m3 rows' promotion for fast accumulation: the tensor cores add all of K, promoted to
+# fp32 once (ffi/launch.h, kFastAccumulation).
+FAST_ACCUMULATION = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +36,8 @@ class Launch:
     splits: int = 1  # stream-K rows: the split-K factor (1: stream-K); gemv rows: cluster size
     swizzle: int = 1  # persistent and stream-K rows: tile groups along the minor axis
     raster: str = "heuristic"  # or "m" / "n": the persistent scheduler's tile order
-    promotion: int | None = None  # e4m3 rows: wgmma between promotions (None: every k tile)
+    promotion: int | None = None  # e4m3 rows: wgmma between promotions (None: every k tile;
+    # FAST_ACCUMULATION: once, at the end)
 
     @property
     def row(self) -> _native.KernelConfig:
@@ -50,7 +55,11 @@ class Launch:
     @property
     def promotion_interval(self) -> int:
         """The e4m3 rows' promotion attribute: the given one, else one k tile's wgmma."""
-        return self.promotion or max(1, self.row.tile_k // 32)
+        return self.promotion if self.promotion is not None else max(1, self.row.tile_k // 32)
+
+    @property
+    def fast_accumulation(self) -> bool:
+        return self.promotion == FAST_ACCUMULATION
 
     def __str__(self) -> str:
         row = _native.all_configs().get(self.config)
@@ -73,7 +82,9 @@ class Launch:
                       else f", split-K {self.splits}")
         if self.swizzle != 1 or self.raster != "heuristic":
             extra += f", swizzle {self.swizzle} raster {self.raster}"
-        if self.promotion is not None:
+        if self.fast_accumulation:
+            extra += ", fast accumulation (one promotion, after the last k tile)"
+        elif self.promotion is not None:
             extra += f", promotion every {self.promotion}"
         return f"config {self.config}: {row.describe()}{extra}"
 

@@ -1,8 +1,10 @@
 """The ``jax_swiglu`` inference primitive, for every weights format: every rule of it in one place.
 
 ``swiglu_p.bind(*operands, n=..., weights=..., kernel=..., launch=..., activation=...,
-out_dtype=...)`` computes ``[M, n] = act(x @ W_gate) * (x @ W_up)``, rounded once to
-``out_dtype``. The operands follow the weights format (``_layout.py`` defines both layouts):
+out_dtype=..., accumulation=...)`` computes ``[M, n] = act(x @ W_gate) * (x @ W_up)``, rounded
+once to ``out_dtype``. ``accumulation`` is "promoted" (fp32 sums; for fp8 weights the tensor
+cores' partial sums are promoted to fp32 after every k tile) or, for fp8 weights only, "fast"
+(the tensor cores add all of K, promoted once at the end: the chosen launch's promotion 0). The operands follow the weights format (``_layout.py`` defines both layouts):
 
 * ``weights="packed"``: ``x [M, K]`` and the packed ``[K, 2 N_pad]`` matrix, both bfloat16
   or float16 (the output's dtype);
@@ -53,6 +55,7 @@ swiglu_p = Primitive("jax_swiglu")
 swiglu_shard_p = Primitive("jax_swiglu_shard")
 
 WEIGHTS = ("packed", "fp8")
+ACCUMULATIONS = ("promoted", "fast")
 OUTPUT_DTYPES = tuple(jnp.dtype(d).name for d in _layout.KERNEL_DTYPES)
 
 
@@ -65,8 +68,15 @@ def operands_of(weights: str, weights_dtype) -> str:
 
 # --- abstract evaluation ------------------------------------------------------------------
 
-def _check_operands(operands, *, n, weights, kernel, launch, activation, out_dtype):
+def _check_operands(operands, *, n, weights, kernel, launch, activation, out_dtype,
+                    accumulation="promoted"):
     selection.canonical_kernel(kernel)
+    if accumulation not in ACCUMULATIONS:
+        raise ValueError(f"jax_swiglu: accumulation must be one of {ACCUMULATIONS}, got "
+                         f"{accumulation!r}")
+    if accumulation == "fast" and weights != "fp8":
+        raise ValueError("jax_swiglu: accumulation='fast' is for fp8 weights; 16-bit weights "
+                         "always accumulate in fp32")
     _reference.check_activation(activation)
     if weights not in WEIGHTS:
         raise ValueError(f"jax_swiglu: weights must be one of {WEIGHTS}, got {weights!r}")
@@ -110,9 +120,9 @@ def _check_operands(operands, *, n, weights, kernel, launch, activation, out_dty
     return m
 
 
-def _abstract_eval(*operands, n, weights, kernel, launch, activation, out_dtype):
+def _abstract_eval(*operands, n, weights, kernel, launch, activation, out_dtype, accumulation):
     m = _check_operands(operands, n=n, weights=weights, kernel=kernel, launch=launch,
-                        activation=activation, out_dtype=out_dtype)
+                        activation=activation, out_dtype=out_dtype, accumulation=accumulation)
     # Explicit mesh axes are part of the types: the result's follow the split rule. (With
     # automatic axes the specs are empty and the partitioner decides, by the same rule.)
     x, w = operands[0], operands[-2] if weights == "fp8" else operands[1]
@@ -210,25 +220,38 @@ def _is_scalar(shape) -> bool:
     return len(shape.shape) == 0
 
 
-def choose(operands, *, n, weights, kernel, launch, activation, out_dtype,
-           platform) -> selection.Choice:
-    """The selection's choice for one device's operands (their avals: local shapes)."""
+def choose(operands, *, n, weights, kernel, launch, activation, out_dtype, platform,
+           accumulation="promoted") -> selection.Choice:
+    """The selection's choice for one device's operands (their avals: local shapes). Fast
+    accumulation runs the launch chosen for the promoted one with promotion 0: the same tiles
+    (its tuning data is the promoted launches')."""
     x, w = operands[0], operands[1] if weights == "packed" else operands[2]
     m, k = x.shape
     problem = selection.Problem(m, n, k, out_dtype, operands_of(weights, w.dtype), activation)
-    return selection.choose(problem, kernel=kernel, launch=launch, platform=platform)
+    return with_accumulation(
+        selection.choose(problem, kernel=kernel, launch=launch, platform=platform), accumulation)
 
 
-def _bind_shard(operands, *, n, weights, kernel, launch, activation, out_dtype, platform):
+def with_accumulation(choice: selection.Choice, accumulation: str) -> selection.Choice:
+    """``choice`` as it runs under ``accumulation``: fast accumulation is the chosen fp8
+    launch with promotion 0."""
+    if accumulation != "fast" or choice.launch is None:
+        return choice
+    return dataclasses.replace(choice, launch=dataclasses.replace(
+        choice.launch, promotion=_launch.FAST_ACCUMULATION))
+
+
+def _bind_shard(operands, *, n, weights, kernel, launch, activation, out_dtype, accumulation,
+                platform):
     choice = choose([jax.typeof(o) for o in operands], n=n, weights=weights, kernel=kernel,
                     launch=launch, activation=activation, out_dtype=out_dtype,
-                    platform=platform)
+                    platform=platform, accumulation=accumulation)
     return swiglu_shard_p.bind(*operands, n=n, weights=weights, launch=choice.launch,
                                activation=activation, out_dtype=out_dtype)
 
 
-def _partition(n, weights, kernel, launch, activation, out_dtype, platform, mesh, arg_shapes,
-               result_shape):
+def _partition(n, weights, kernel, launch, activation, out_dtype, accumulation, platform, mesh,
+               arg_shapes, result_shape):
     """custom_partitioning's partition: operand and result shardings, and the per-device
     function (the launch chosen for the local shapes)."""
     del result_shape  # the result's sharding follows from the operands'
@@ -238,16 +261,16 @@ def _partition(n, weights, kernel, launch, activation, out_dtype, platform, mesh
     def per_device(*operands):
         return _bind_shard(operands, n=plan.local_n, weights=weights, kernel=kernel,
                            launch=launch, activation=activation, out_dtype=out_dtype,
-                           platform=platform)
+                           accumulation=accumulation, platform=platform)
 
     return (mesh, per_device, NamedSharding(mesh, plan.result_spec()),
             tuple(NamedSharding(mesh, spec) for spec in plan.operand_specs()))
 
 
-def _infer_sharding(n, weights, kernel, launch, activation, out_dtype, platform, mesh,
-                    arg_shapes, result_shape):
+def _infer_sharding(n, weights, kernel, launch, activation, out_dtype, accumulation, platform,
+                    mesh, arg_shapes, result_shape):
     """The result's sharding from the operands' (GSPMD propagation)."""
-    del kernel, launch, activation, out_dtype, platform, result_shape
+    del kernel, launch, activation, out_dtype, accumulation, platform, result_shape
     try:
         plan = split(weights, [_spec(a) for a in arg_shapes], mesh.shape, n)
         return NamedSharding(mesh, plan.result_spec())
@@ -257,8 +280,8 @@ def _infer_sharding(n, weights, kernel, launch, activation, out_dtype, platform,
         return NamedSharding(mesh, P())
 
 
-def _sharding_rule(n, weights, kernel, launch, activation, out_dtype, platform, mesh,
-                   operand_types, result_types):
+def _sharding_rule(n, weights, kernel, launch, activation, out_dtype, accumulation, platform,
+                   mesh, operand_types, result_types):
     """The Shardy rule: M passes through; K must be replicated; N is a run of whole
     gate/up pairs (``pairs``), 64 packed columns each in the weights (and their scales) and
     32 in the result, so a sharding of the weights along N carries over to the result and
@@ -270,7 +293,7 @@ def _sharding_rule(n, weights, kernel, launch, activation, out_dtype, platform, 
     axis into sub-axes, which custom_partitioning cannot express; left untied, a bad
     split of the weights reaches ``split`` intact, which says what is wrong.
     """
-    del kernel, launch, activation, out_dtype, platform, result_types
+    del kernel, launch, activation, out_dtype, accumulation, platform, result_types
     block = _layout.GATE_UP_BLOCK
     pairs, padded = divmod(n, block)
     tied = not padded and not any(pairs % size for size in mesh.shape.values())
@@ -290,15 +313,16 @@ def _sharding_rule(n, weights, kernel, launch, activation, out_dtype, platform, 
 
 
 def _partitioned_call(operand_count: int):
-    """custom_partitioning over a function of ``operand_count`` operands and the seven static
-    parameters (n, weights, kernel, launch, activation, out_dtype, platform)."""
-    statics = tuple(range(operand_count, operand_count + 7))
+    """custom_partitioning over a function of ``operand_count`` operands and the eight static
+    parameters (n, weights, kernel, launch, activation, out_dtype, accumulation, platform)."""
+    statics = tuple(range(operand_count, operand_count + 8))
 
     def per_device(*args):
         # On one device (no mesh, or inside a jax.shard_map body) custom_partitioning lowers
         # this directly; under SPMD, _partition supplies the per-device function instead.
         operands, static = args[:operand_count], args[operand_count:]
-        names = ("n", "weights", "kernel", "launch", "activation", "out_dtype", "platform")
+        names = ("n", "weights", "kernel", "launch", "activation", "out_dtype", "accumulation",
+                 "platform")
         return _bind_shard(operands, **dict(zip(names, static)))
 
     call = custom_partitioning(per_device, static_argnums=statics)
@@ -313,11 +337,11 @@ _PARTITIONED = {"packed": _partitioned_call(2), "fp8": _partitioned_call(4)}
 def _lowering(platform: str | None):
     """swiglu_p's lowering for ``platform`` (None: the module's own), through the partitioned
     call, which hands the platform on to the choice."""
-    def lower(ctx, *operands, n, weights, kernel, launch, activation, out_dtype):
+    def lower(ctx, *operands, n, weights, kernel, launch, activation, out_dtype, accumulation):
         call = _PARTITIONED[weights]
         target = platform or ctx.module_context.platforms[0]
         fn = lambda *ops: call(*ops, n, weights, kernel, launch, activation, out_dtype,  # noqa: E731
-                               target)
+                               accumulation, target)
         return mlir.lower_fun(fn, multiple_results=False)(ctx, *operands)
     return lower
 

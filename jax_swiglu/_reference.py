@@ -250,16 +250,23 @@ def swiglu_reference_quantized_operands(x_q, x_scale, data, scales, *, n: int, a
     return gated(gate, up, activation).astype(out_dtype)
 
 
-def swiglu_xla_quantized(x, weights, *, x_scale=None, activation: str = "silu"):
+def swiglu_xla_quantized(x, weights, *, x_scale=None, activation: str = "silu",
+                         accumulation: str = "fast"):
     """What a user would write in plain XLA for fp8 weights, the benchmarks' baseline: one
     scaled fp8 dot ``x_q [M, K] x data^T`` asking for an fp32 result (cuBLASLt's fp8 GEMM on
-    Hopper, whose accumulation is not fp32 throughout), the two scales applied to the
-    product, then the split, the activation in fp32 and one rounding. Not the spec:
-    :func:`swiglu_reference_quantized` is."""
+    Hopper), the two scales applied to the product, then the split, the activation in fp32
+    and one rounding. Not the spec: :func:`swiglu_reference_quantized` is.
+
+    ``accumulation="fast"`` is the dot at default precision, for which XLA asks cuBLASLt for
+    fast accumulation (the tensor cores add all of K); ``"promoted"`` the dot at
+    ``Precision.HIGHEST``, which XLA runs without it."""
+    if accumulation not in ("promoted", "fast"):
+        raise ValueError(f"accumulation must be 'promoted' or 'fast', got {accumulation!r}")
     weights = _quantize.as_quantized(weights, "weights")
     x_q, x_scale = quantized_tokens(x, x_scale, weights.dtype)
+    precision = jax.lax.Precision.HIGHEST if accumulation == "promoted" else None
     product = jax.lax.dot_general(x_q, weights.data, (((x_q.ndim - 1,), (1,)), ((), ())),
-                                  preferred_element_type=jnp.float32)
+                                  precision=precision, preferred_element_type=jnp.float32)
     product = product * x_scale[..., None] * weights.scales
     gate, up = _layout.split_gate_up(product, weights.n)
     return gated(gate, up, activation).astype(fp8_output_dtype(x.dtype))

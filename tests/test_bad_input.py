@@ -29,7 +29,8 @@ def test_primitive_checks_alignment_too(key):
         jax.eval_shape(
             lambda x, w: jax_swiglu.swiglu_p.bind(x, w, n=60, weights="packed", kernel="auto",
                                                   launch=None, activation="silu",
-                                                  out_dtype="bfloat16"),
+                                                  out_dtype="bfloat16",
+                                                  accumulation="promoted"),
             jax.ShapeDtypeStruct((4, 16), jnp.bfloat16), jax.ShapeDtypeStruct((16, 128), jnp.bfloat16))
 
 

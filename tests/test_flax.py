@@ -358,3 +358,9 @@ def test_fp8_module_is_the_fp8_spec_then_the_down_dot(key, scale):
     assert "float8_e4m3fn weights" in fp8.explain(x)
     with pytest.raises(TypeError, match="SwiGLUMLP or FusedSwiGLUMLP"):
         swiglu_nn.Fp8SwiGLUMLP.quantize(object())
+    # Fast accumulation is the module's call option: off CUDA the same spec runs.
+    fast = swiglu_nn.Fp8SwiGLUMLP.quantize(mlp, scale=scale, accumulation="fast")
+    assert fast.accumulation == "fast"
+    np.testing.assert_array_equal(nnx.jit(lambda m, x: m(x))(fast, x), out)
+    with pytest.raises(ValueError, match="accumulation must be one of"):
+        swiglu_nn.Fp8SwiGLUMLP.quantize(mlp, accumulation="exact")

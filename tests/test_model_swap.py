@@ -167,6 +167,11 @@ def test_swap_to_fp8_blocks(key, scale):
     # 2^-5 on average), each of the three blocks adds its own, and the residual stream keeps
     # the input: a few percent, well under 2^-4 x 3 layers.
     assert 0 < relative_fro(after, before) <= 0.08
+    fast = decoder(64, 200)
+    assert swap_mlp_blocks(fast, fp8=True, fp8_scale=scale, accumulation="fast") == 3
+    assert all(layer.mlp.accumulation == "fast" for layer in fast.layers)
+    with pytest.raises(ValueError, match="is for fp8 weights"):
+        swap_mlp_blocks(decoder(64, 200), accumulation="fast")
 
 
 def test_swapped_model_binds_the_primitive_and_jits(key):

@@ -299,11 +299,44 @@ def _fp8_row(**fields):
     return row
 
 
-def _fp8_hlo(launch, m=2048, k=256):
+def _fp8_hlo(launch, m=2048, k=256, accumulation="promoted"):
     q = quantize_weights(*random_weights(jax.random.key(9), k, 1024, jnp.float32))
-    return jax.jit(lambda x, w: swiglu(x, w, launch=launch)).trace(
+    return jax.jit(lambda x, w: swiglu(x, w, launch=launch, accumulation=accumulation)).trace(
         jax.ShapeDtypeStruct((m, k), jnp.bfloat16), q).lower(
         lowering_platforms=("cuda",)).as_text()
+
+
+@requires_kernels
+@pytest.mark.parametrize("m", [8, 2048])
+def test_fast_accumulation_is_the_chosen_launch_promoting_once(m):
+    """accumulation='fast' runs the launch chosen for the promoted call with promotion 0 (one
+    promotion, after the last k tile), chosen or forced, and explain says so."""
+    promoted, fast = _fp8_hlo(None, m=m), _fp8_hlo(None, m=m, accumulation="fast")
+    config = re.search(r"config = (\d+) : i64", promoted).group(1)
+    assert re.search(rf"config = {config} : i64", fast)
+    assert re.search(r"promotion = 0 : i64", fast) and not re.search(r"promotion = 0 ", promoted)
+    deep = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
+    assert re.search(r"promotion = 0 : i64", _fp8_hlo(f"{deep.id}", accumulation="fast"))
+    assert re.search(r"promotion = 0 : i64", _fp8_hlo(f"{deep.id},promotion=0"))
+    q = quantize_weights(*random_weights(jax.random.key(9), 256, 1024, jnp.float32))
+    x = jax.ShapeDtypeStruct((m, 256), jnp.bfloat16)
+    explained = jax_swiglu.explain(x, q, platform="cuda", accumulation="fast")
+    assert "fast accumulation (one promotion, after the last k tile)" in explained, explained
+    assert "fast accumulation" not in jax_swiglu.explain(x, q, platform="cuda")
+
+
+def test_accumulation_is_checked_when_the_call_is_traced():
+    q = quantize_weights(*random_weights(jax.random.key(9), 256, 1024, jnp.float32))
+    packed = jax_swiglu.pack_weights(*random_weights(jax.random.key(9), 256, 1024))
+    x = jnp.zeros((8, 256), jnp.bfloat16)
+    with pytest.raises(ValueError, match="accumulation must be one of"):
+        swiglu(x, q, accumulation="exact")
+    with pytest.raises(ValueError, match="is for fp8 weights"):
+        swiglu(x, packed, accumulation="fast")
+    with pytest.raises(ValueError, match="accumulation='fast' contradicts"):
+        swiglu(x, q, launch="27,promotion=8", accumulation="fast")
+    # Off CUDA (and on the XLA path) the spec runs: fp32 sums in either mode.
+    np.testing.assert_array_equal(swiglu(x, q, accumulation="fast"), swiglu(x, q))
 
 
 @requires_kernels

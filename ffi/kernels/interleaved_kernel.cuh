@@ -105,6 +105,13 @@ using CollectiveMainloopFor = typename cutlass::gemm::collective::CollectiveBuil
     cutlass::gemm::collective::StageCountAutoCarveout<kCarveoutBytes>,
     typename KernelScheduleFor<kSchedule>::type>::CollectiveOp;
 
+// CUTLASS's mma_promotion_interval for a problem's fp8_promotion: fast accumulation is an
+// interval no k loop reaches (a multiple of any k tile's wgmma count, as CUTLASS checks), so
+// the only promotion is the one after the last k tile.
+constexpr uint32_t PromotionInterval(int fp8_promotion) {
+  return fp8_promotion == kFastAccumulation ? 0xFFFFFFF0u : static_cast<uint32_t>(fp8_promotion);
+}
+
 // Row `ConfigId` of the interleaved family, with output `ElementTag` (and operands of that
 // type, or e4m3) and the gate's activation.
 template <int ConfigId, class ElementTag, Activation kActivation>
@@ -197,7 +204,7 @@ struct InterleavedAssembly {
     }
     if constexpr (kFp8) {
       return GemmArguments<Kernel>(
-          shape, {a, stride_a, b, stride_b, static_cast<uint32_t>(p.fp8_promotion)}, p, facts);
+          shape, {a, stride_a, b, stride_b, PromotionInterval(p.fp8_promotion)}, p, facts);
     } else if constexpr (kGrouped) {
       typename Kernel::MainloopArguments mainloop{};
       static_cast<typename Built::Arguments&>(mainloop) = {a, stride_a, b, stride_b};

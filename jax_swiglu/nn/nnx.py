@@ -444,12 +444,14 @@ class Fp8SwiGLUMLP(nnx.Module):
 
     Outputs match :func:`jax_swiglu.swiglu_reference_quantized` (the fp8 spec) followed by the
     down dot, not the bf16 block: fp8 weights and tokens carry a few percent of error each.
+    ``accumulation`` is :func:`jax_swiglu.swiglu`'s (``"promoted"`` or ``"fast"``).
     """
 
     def __init__(self, weights, down: jax.Array, *, dtype=jnp.bfloat16, kernel: str = "auto",
-                 activation: str = "silu"):
+                 activation: str = "silu", accumulation: str = "promoted"):
         from .. import _quantize
         weights = _quantize.as_quantized(weights, "weights")
+        _api.check_accumulation(accumulation, fp8=True)
         _common.check_kernel_dtype(dtype)
         selection.check_kernel_name(kernel)
         _common.check_activation(activation)
@@ -466,10 +468,12 @@ class Fp8SwiGLUMLP(nnx.Module):
         self.dtype = jnp.dtype(dtype)
         self.kernel = kernel
         self.activation = activation
+        self.accumulation = accumulation
 
     @classmethod
     def quantize(cls, mlp: SwiGLUMLP | FusedSwiGLUMLP, *, dtype=jnp.float8_e4m3fn,
-                 scale: str = "per_channel", kernel: str = "auto") -> Fp8SwiGLUMLP:
+                 scale: str = "per_channel", kernel: str = "auto",
+                 accumulation: str = "promoted") -> Fp8SwiGLUMLP:
         """``mlp``'s block with gate and up quantized once (``dtype`` and ``scale`` as in
         :func:`jax_swiglu.quantize_weights`); keeps its computation dtype and activation."""
         from .. import _quantize
@@ -481,7 +485,7 @@ class Fp8SwiGLUMLP(nnx.Module):
         weights = _quantize.quantize_weights(mlp.gate_proj.kernel[...], mlp.up_proj.kernel[...],
                                              dtype=dtype, scale=scale)
         return cls(weights, mlp.down_proj.kernel[...], dtype=mlp.dtype, kernel=kernel,
-                   activation=mlp.activation)
+                   activation=mlp.activation, accumulation=accumulation)
 
     def quantized_weights(self):
         """The stored gate/up weights as :class:`jax_swiglu.QuantizedWeights`."""
@@ -493,13 +497,14 @@ class Fp8SwiGLUMLP(nnx.Module):
         """Which kernel a call on ``x`` would run, as :func:`jax_swiglu.explain`."""
         x = jax.ShapeDtypeStruct(x.shape, self.dtype)
         return _api.explain(x, self.quantized_weights(), kernel=self.kernel,
-                            activation=self.activation, platform=platform)
+                            activation=self.activation, platform=platform,
+                            accumulation=self.accumulation)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``[..., K] -> [..., K]`` in ``dtype``."""
         return _api.fused_mlp(jnp.asarray(x).astype(self.dtype), self.quantized_weights(),
                               self.down_proj.kernel[...], kernel=self.kernel,
-                              activation=self.activation)
+                              activation=self.activation, accumulation=self.accumulation)
 
 
 # Experts' kernels are [E, in, out]: the fan-in is `in` alone, the expert axis a batch axis.

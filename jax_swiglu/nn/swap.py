@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .. import _layout, _quantize, _reference, selection
+from .. import _api, _layout, _quantize, _reference, selection
 from . import _common
 from .nnx import Fp8SwiGLUMLP, FusedExpertsMLP, FusedMoE, FusedSwiGLUMLP
 
@@ -143,13 +143,13 @@ def _check(block: _Block, activation: str, dtype) -> None:
     block.dtype = jnp.dtype(compute)
 
 
-def _convert(block: _Block, kernel: str, activation: str,
-             fp8_scale: str | None) -> FusedSwiGLUMLP | Fp8SwiGLUMLP:
+def _convert(block: _Block, kernel: str, activation: str, fp8_scale: str | None,
+             accumulation: str) -> FusedSwiGLUMLP | Fp8SwiGLUMLP:
     gate, up, down = (getattr(block.module, name).kernel[...] for name in PROJECTIONS)
     if fp8_scale is not None:
         weights = _quantize.quantize_weights(gate, up, scale=fp8_scale)
         return Fp8SwiGLUMLP(weights, down, dtype=block.dtype, kernel=kernel,
-                            activation=activation)
+                            activation=activation, accumulation=accumulation)
     unfused = {name: {"kernel": w} for name, w in zip(PROJECTIONS, (gate, up, down))}
     return FusedSwiGLUMLP.from_params(_common.fuse_params(unfused), dtype=block.dtype,
                                       kernel=kernel, activation=activation)
@@ -163,7 +163,8 @@ def _replace(parent, key, new) -> None:
 
 
 def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str = "silu",
-                    dtype=None, fp8: bool = False, fp8_scale: str = "per_channel") -> int:
+                    dtype=None, fp8: bool = False, fp8_scale: str = "per_channel",
+                    accumulation: str = "promoted") -> int:
     """Replaces, in place, every gated MLP block of ``model`` by a :class:`FusedSwiGLUMLP`
     (or, with ``fp8``, an :class:`Fp8SwiGLUMLP`).
 
@@ -196,6 +197,8 @@ def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str 
         weights and tokens carry a few percent of error each.
       fp8_scale: with ``fp8``, ``"per_channel"`` (a scale per gate/up column) or
         ``"per_tensor"``, as in :func:`jax_swiglu.quantize_weights`.
+      accumulation: with ``fp8``, ``"promoted"`` or ``"fast"``, as in
+        :func:`jax_swiglu.swiglu`.
 
     Returns:
       The number of blocks replaced.
@@ -213,6 +216,7 @@ def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str 
         raise TypeError(f"fp8 must be True or False, got {fp8!r}")
     if fp8 and fp8_scale not in _quantize.SCALE_MODES:
         raise ValueError(f"fp8_scale must be one of {_quantize.SCALE_MODES}, got {fp8_scale!r}")
+    _api.check_accumulation(accumulation, fp8)
     if not isinstance(model, nnx.Module):
         raise TypeError(f"swap_mlp_blocks takes an nnx.Module, got {type(model).__name__}")
     blocks = _find_blocks(model)
@@ -224,7 +228,7 @@ def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str 
         _check(block, activation, dtype)
     # One at a time, so the old block's weights can go before the next is packed.
     for block in blocks:
-        fused = _convert(block, kernel, activation, fp8_scale if fp8 else None)
+        fused = _convert(block, kernel, activation, fp8_scale if fp8 else None, accumulation)
         for parent, key in block.references:
             _replace(parent, key, fused)
         block.module = None

@@ -1,7 +1,7 @@
 """The e4m3 rows' special cases, on an SM90 GPU: one scale for all, fp8 x with its own
-scales, every promotion interval a row takes, the HLO naming the fp8 kernel, and the inputs
-left as they were. (Every e4m3 row runs the suite of test_base.py too, with criterion.py's
-fp8 allowance.)"""
+scales, every promotion interval a row takes, fast accumulation, the HLO naming the fp8
+kernel, and the inputs left as they were. (Every e4m3 row runs the suite of test_base.py too,
+with criterion.py's fp8 allowance.)"""
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,28 @@ def test_every_promotion_a_row_takes(config, promotion, key):
     m = 16 if row.m_side == "weights" else 1000
     check(m, 2560, 9728, key, launch=Launch(config, promotion=promotion), operands="e4m3",
           off_per_million=None if promotion <= 4 else LONG_PROMOTION_OFF_PER_MILLION)
+
+
+# Fast accumulation (accumulation="fast", promotion 0): the tensor cores add all of K and
+# promote once. Its outliers are allowed as a long promotion's; the Frobenius bound holds.
+@pytest.mark.parametrize("config", FP8_ROWS)
+@pytest.mark.parametrize("k", [2560, 8192])
+def test_fast_accumulation(config, k, key):
+    row = [r for r in rows(operands="e4m3") if r.id == config][0]
+    m = 16 if row.m_side == "weights" else 1000
+    check(m, k, 4096, key, launch=Launch(config, promotion=0), operands="e4m3",
+          off_per_million=LONG_PROMOTION_OFF_PER_MILLION)
+
+
+def test_fast_accumulation_as_a_model_asks_for_it(key):
+    """swiglu(..., accumulation="fast") runs the chosen launch promoting once: the same tiles
+    as the promoted call, within the fast mode's allowance of it."""
+    x, q = inputs(key, 300, 4096, 2816, jnp.dtype(jnp.bfloat16), "e4m3")
+    promoted = np.asarray(jax.jit(lambda x, q: swiglu(x, q))(x, q), np.float32)
+    fast = np.asarray(jax.jit(lambda x, q: swiglu(x, q, accumulation="fast"))(x, q), np.float32)
+    assert np.isfinite(fast).all()
+    rel = np.linalg.norm(fast - promoted) / np.linalg.norm(promoted)
+    assert rel < 1e-2, rel
 
 
 @pytest.mark.parametrize("m", [1, 64, 2048])
