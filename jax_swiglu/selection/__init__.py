@@ -306,18 +306,16 @@ def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
     model = _model.Problem(problem.m, problem.n, problem.k)
     # The routing is on the device: weigh a balanced and a skewed one, and take the row whose
     # worse ratio to the best of that routing is least (ties: the faster balanced). Each
-    # prediction is corrected by the row's grouped measurements nearby, where the data has
-    # them for this device.
+    # prediction is corrected by the row's grouped measurements nearby (another SM90 part's
+    # where this one has none, as for dense calls: the model carries this part's SMs).
     scenarios = _model.routings(problem.m, problem.experts)
-    same_device = (data.device["sm_count"] == device.sm_count
-                   and int(data.device["compute_capability"]) == device.compute_capability)
     corrected = set()
 
     def predicted(row, name, groups):
         us = _model.grouped_us(row, model, groups, device.sm_count, device.dram_bytes_per_s,
                                data.constants)
         factor = data.grouped_correction(row.key, name, "bfloat16", problem.m, problem.n,
-                                         problem.k, problem.experts) if same_device else None
+                                         problem.k, problem.experts)
         if factor is not None:
             corrected.add(row.id)
         return us * (factor or 1.0)
@@ -335,7 +333,7 @@ def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
     runner_up = f"; next {said(ranked[1])}" if len(ranked) > 1 else ""
     source = "heuristic" if kernel == "auto" else f"kernel={kernel!r}, then heuristic"
     basis = (f"the cost model on {device.sm_count} SMs, corrected by the grouped measurements "
-             f"in {data.source.rsplit('/', 1)[-1]}" if corrected
+             f"of {data.device['kind']} in {data.source.rsplit('/', 1)[-1]}" if corrected
              else f"the cost model on {device.sm_count} SMs")
     return Choice(_launch.Launch(pick), f"predicted {said(pick)} (within "
                   f"{regret[pick]:.2f}x of the best of either routing){runner_up} ({basis})",
