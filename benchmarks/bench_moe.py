@@ -17,6 +17,9 @@ sorted by expert, int32 group sizes):
               every active expert's)
   grouped:<c> with --launches: grouped row c forced, for each given (what the selection's
               rule is checked and fitted against)
+Per row also the HBM floor: every active expert's weights, x and the output read or written
+once at the part's DRAM peak, the least time any kernel needs (where the call is bound by
+bytes, as at few tokens per expert, no kernel is faster than it).
 Routings: "balanced" (every expert an equal share of the rows, within one; with fewer rows
 than experts, a random subset of experts one row each) and "skewed" (one expert takes half
 the rows, a quarter of the experts none, the rest an equal share). Several routings of the
@@ -258,6 +261,17 @@ def targets(rows) -> list[tuple[str, str, bool]]:
     return found
 
 
+def hbm_floor_us(row, device_facts) -> float | None:
+    """The least time any kernel needs for ``row``'s bytes at the part's DRAM peak: every active
+    expert's gate and up weights, x and the output once each (bf16). None without the part's
+    facts."""
+    if not device_facts or not device_facts.get("dram_bytes_per_s"):
+        return None
+    weights = row["active_experts"] * row["k"] * 2 * row["f"]
+    return 2 * (weights + row["rows"] * (row["k"] + row["f"])) / device_facts[
+        "dram_bytes_per_s"] * 1e6
+
+
 def markdown(result) -> str:
     env = result["environment"]
     lines = [f"# Grouped SwiGLU (mixture of experts) on {env['device']}", "",
@@ -266,9 +280,11 @@ def markdown(result) -> str:
              f"{result['iterations']} in {result['rounds']} interleaved rounds. Columns: "
              "benchmarks/bench_moe.py's docstring. `off`: elements past 1 % + 1e-3 of the fp32 "
              "spec.", ""]
+    facts = env.get("device_facts")
     lines += ["| model | tokens | rows | routing | xla | xla_two | tokamax | grouped | gemm | "
-              "xla/grouped | tokamax/grouped | grouped/gemm | off (grouped, xla) | grouped ran |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "HBM floor | xla/grouped | tokamax/grouped | grouped/gemm | grouped/floor | "
+              "off (grouped, xla) | grouped ran |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     def cell(r, name):
         t = r["gpu_us"]
         return f"{t[name]:.1f}" if name in t else "fails" if name in r["unsupported"] else "—"
@@ -279,13 +295,16 @@ def markdown(result) -> str:
         tk_ratio = f"{t['tokamax'] / t['grouped']:.2f}" if "tokamax" in t else "—"
         ran = re.search(r"config (\d+)", r["grouped_choice"])
         ran = f"config {ran.group(1)}" if ran else "xla"
+        floor = hbm_floor_us(r, facts)
         lines.append(
             f"| {r['model']} | {r['tokens']} | {r['rows']} | {r['routing']} | {cell(r, 'xla')} | "
             f"{cell(r, 'xla_two')} | {cell(r, 'tokamax')} | {t['grouped']:.1f} | {t['gemm']:.1f} | "
+            + (f"{floor:.1f}" if floor else "—") + " | "
             + (f"{best / t['grouped']:.2f}" if best < math.inf
                else "XLA fails" if "xla" in r["unsupported"] else "—")
             + f" | {tk_ratio} | {t['grouped'] / t['gemm']:.3f} | "
-            f"{r['mismatches'].get('grouped')}, {r['mismatches'].get('xla', '—')} | {ran} |")
+            + (f"{t['grouped'] / floor:.2f}" if floor else "—")
+            + f" | {r['mismatches'].get('grouped')}, {r['mismatches'].get('xla', '—')} | {ran} |")
     forced = sorted({name for r in result["rows"] for name in r["gpu_us"]
                      if name.startswith("grouped:")})
     if forced:

@@ -562,6 +562,7 @@ def _moe_row(tokens, routing, xla, grouped, gemm, tokamax=None, off=0, forced=No
              **({"tokamax": tokamax} if tokamax else {}), **(forced or {})}
     return {"model": "mixtral-8x7b", "tokens": tokens, "rows": tokens * top_k, "routing": routing,
             "k": k, "f": f, "experts": experts, "top_k": top_k, "gpu_us": times,
+            "active_experts": min(experts, tokens * top_k),
             "unsupported": {}, "mismatches": {"grouped": off, "xla": 9},
             "grouped_choice": "T=16 ...: runs the grouped fused kernel config 35 (...)\n  "
                               "details: interleaved [jax_swiglu_grouped_silu_bf16, config 35: x]"}
@@ -580,7 +581,16 @@ def test_moe_targets_and_report():
     assert met["grouped within 1.10x of the dense GEMM, balanced, >= 4096 tokens"]  # 1.061
     assert not met["0 elements off the fp32 spec (grouped)"]
     text = bench_moe.markdown({"environment": ENV, "iterations": 9, "rounds": 3, "rows": rows})
-    assert "| mixtral-8x7b | 8 | 16 | balanced | 420.0 | 462.0 | 500.0 | 400.0 | 50.0 | 1.05 |" in text
+    # Without the part's facts, no HBM floor.
+    assert ("| mixtral-8x7b | 8 | 16 | balanced | 420.0 | 462.0 | 500.0 | 400.0 | 50.0 | — | "
+            "1.05 | 1.25 | 8.000 | — |") in text
+    # With them: 8 experts' 4096 x 2 x 14336 bf16 weights, x and out at 4.9 TB/s.
+    floor = 2 * (8 * 4096 * 2 * 14336 + 16 * (4096 + 14336)) / 4.9e12 * 1e6
+    assert bench_moe.hbm_floor_us(rows[0], {"dram_bytes_per_s": 4.9e12}) == pytest.approx(floor)
+    facts = {**ENV, "device_facts": {"dram_bytes_per_s": 4.9e12}}
+    text_with_floor = bench_moe.markdown({"environment": facts, "iterations": 9, "rounds": 3,
+                                          "rows": rows})
+    assert f"| 50.0 | {floor:.1f} | 1.05 | 1.25 | 8.000 | {400.0 / floor:.2f} |" in text_with_floor
     assert "| mixtral-8x7b | 8 | balanced | 550.0 | **400.0** | grouped:35 (1.000x the best) |" in text
     assert "| 0 elements off the fp32 spec (grouped) | 2 | NO |" in text
 
