@@ -331,7 +331,8 @@ def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
         return (f"config {i} {times[i]['balanced']:.1f} us balanced, "
                 f"{times[i]['skewed']:.1f} us skewed")
     runner_up = f"; next {said(ranked[1])}" if len(ranked) > 1 else ""
-    source = "heuristic" if kernel == "auto" else f"kernel={kernel!r}, then heuristic"
+    rule = "tuning data (learned rule)" if corrected else "heuristic"
+    source = rule if kernel == "auto" else f"kernel={kernel!r}, then {rule}"
     basis = (f"the cost model on {device.sm_count} SMs, corrected by the grouped measurements "
              f"of {data.device['kind']} in {data.source.rsplit('/', 1)[-1]}" if corrected
              else f"the cost model on {device.sm_count} SMs")
