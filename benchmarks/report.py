@@ -439,7 +439,8 @@ def write_report(result, stem, source=None, force=False, plot=True) -> list[str]
 
 
 def performance_markdown(results: list[tuple[str, dict]], out_path: str) -> str:
-    """docs/performance.md: every given benchmark run's table, targets and plot, in order."""
+    """docs/performance.md: every given benchmark run's table, targets and plot, in order
+    (bench_swiglu runs, and bench_moe's grouped runs)."""
     out_dir = os.path.dirname(os.path.abspath(out_path))
     lines = ["<!-- written by benchmarks/report.py --performance; regenerate, do not edit -->",
              "# Performance", "",
@@ -447,10 +448,17 @@ def performance_markdown(results: list[tuple[str, dict]], out_path: str) -> str:
              "(benchmarks/results/NVIDIA_H200/INDEX.md says how each was run and what it showed).",
              ""]
     for path, result in results:
-        suite = result.get("suite", "prefill")
         rel = os.path.relpath(os.path.abspath(path), out_dir)
+        if result.get("rows") and "experts" in result["rows"][0]:
+            # A grouped (mixture-of-experts) run: bench_moe's own table, under this heading.
+            from . import bench_moe
+            suite = "moe"
+            body = bench_moe.markdown(result).split("\n", 2)[2]
+        else:
+            suite = result.get("suite", "prefill")
+            body = markdown(result)
         lines += [f"## {suite}: `{os.path.basename(path)}`", "",
-                  f"From [{os.path.basename(path)}]({rel}).", "", markdown(result).rstrip(), ""]
+                  f"From [{os.path.basename(path)}]({rel}).", "", body.rstrip(), ""]
         png = os.path.splitext(path)[0] + ".png"
         if os.path.exists(png):
             lines += [f"![{suite}]({os.path.relpath(os.path.abspath(png), out_dir)})", ""]

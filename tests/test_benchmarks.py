@@ -595,6 +595,23 @@ def test_moe_targets_and_report():
     assert "| 0 elements off the fp32 spec (grouped) | 2 | NO |" in text
 
 
+def test_performance_page_holds_dense_and_grouped_runs(tmp_path):
+    """docs/performance.md (report.py --performance): each run under its own heading, a
+    bench_moe run with bench_moe's table."""
+    moe = tmp_path / "moe.json"
+    moe.write_text(json.dumps({"environment": ENV, "iterations": 9, "rounds": 3,
+                               "rows": [_moe_row(8, "balanced", 420.0, 400.0, 50.0)]}))
+    dense = tmp_path / "prefill.json"
+    dense.write_text(json.dumps(result([row("qwen2.5-0.5b", 128, 30.0, 25.0, 26.0)])))
+    out = tmp_path / "docs" / "performance.md"
+    out.parent.mkdir()
+    report.main([str(dense), str(moe), "--performance", str(out)])
+    text = out.read_text()
+    assert "## prefill: `prefill.json`" in text and "## moe: `moe.json`" in text
+    assert text.count("# Grouped SwiGLU") == 0  # bench_moe's title gives way to the heading
+    assert "| mixtral-8x7b | 8 | 16 | balanced | 420.0 |" in text
+
+
 def test_moe_spec_sample_keeps_each_row_with_its_expert(monkeypatch):
     """Where every row would not fit the spec's memory bound, the sampled rows keep their
     experts (the sample's group sizes) and rows past the sum stay past it: the spec on the
