@@ -80,24 +80,6 @@ def _refuse_forced_fused(kernel: str, launch, why: str) -> None:
                          "it on the XLA path")
 
 
-ACCUMULATIONS = _primitive.ACCUMULATIONS
-
-
-def check_accumulation(accumulation, fp8: bool, launch=None) -> None:
-    """``accumulation`` is "promoted" or, on fp8 weights, "fast"; a forced launch's own
-    promotion interval would contradict "fast"."""
-    if accumulation not in ACCUMULATIONS:
-        raise ValueError(f"accumulation must be one of {ACCUMULATIONS}, got {accumulation!r}")
-    if accumulation == "fast":
-        if not fp8:
-            raise ValueError("accumulation='fast' is for fp8 weights (QuantizedWeights): 16-bit "
-                             "weights always accumulate in fp32")
-        forced = _launch.parse(launch) if launch is not None else None
-        if forced is not None and forced.promotion not in (None, _launch.FAST_ACCUMULATION):
-            raise ValueError(f"launch={forced} promotes every {forced.promotion} wgmma, which "
-                             "accumulation='fast' contradicts: drop one of the two")
-
-
 def _requested_launch(launch, kernel: str, weights: str, n: int, k: int, weights_dtype):
     """The forced launch as a ``Launch`` (None for none), checked where the check does not
     depend on M (which a sharded call only knows per device): the row is compiled, runs these
@@ -168,7 +150,8 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
     """
     activation = _reference.resolve_activation(activation)
     kernel = selection.requested_kernel(kernel)
-    check_accumulation(accumulation, isinstance(packed, _quantize.QuantizedWeights), launch)
+    _primitive.check_accumulation(accumulation, isinstance(packed, _quantize.QuantizedWeights),
+                                  launch)
     if isinstance(packed, _quantize.QuantizedWeights):
         _check_fp8_call(x, packed, x_scale)
         why = _xla_only_reason(x.dtype, activation)
@@ -293,7 +276,8 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
     """
     activation = _reference.resolve_activation(activation)
     kernel = selection.requested_kernel(kernel)
-    check_accumulation(accumulation, isinstance(packed, _quantize.QuantizedWeights), launch)
+    _primitive.check_accumulation(accumulation, isinstance(packed, _quantize.QuantizedWeights),
+                                  launch)
     platform = platform or jax.default_backend()
     platform = "cuda" if platform == "gpu" else platform
     m = math.prod(x.shape[:-1])

@@ -4,7 +4,8 @@
 out_dtype=..., accumulation=...)`` computes ``[M, n] = act(x @ W_gate) * (x @ W_up)``, rounded
 once to ``out_dtype``. ``accumulation`` is "promoted" (fp32 sums; for fp8 weights the tensor
 cores' partial sums are promoted to fp32 after every k tile) or, for fp8 weights only, "fast"
-(the tensor cores add all of K, promoted once at the end: the chosen launch's promotion 0). The operands follow the weights format (``_layout.py`` defines both layouts):
+(the tensor cores add all of K, promoted once at the end: the chosen launch's promotion 0).
+The operands follow the weights format (``_layout.py`` defines both layouts):
 
 * ``weights="packed"``: ``x [M, K]`` and the packed ``[K, 2 N_pad]`` matrix, both bfloat16
   or float16 (the output's dtype);
@@ -66,17 +67,27 @@ def operands_of(weights: str, weights_dtype) -> str:
     return "e4m3" if jnp.dtype(weights_dtype) == jnp.dtype(jnp.float8_e4m3fn) else "e5m2"
 
 
+def check_accumulation(accumulation, fp8: bool, launch=None) -> None:
+    """``accumulation`` is "promoted" or, on fp8 weights, "fast"; a forced launch's own
+    promotion interval would contradict "fast"."""
+    if accumulation not in ACCUMULATIONS:
+        raise ValueError(f"accumulation must be one of {ACCUMULATIONS}, got {accumulation!r}")
+    if accumulation == "fast":
+        if not fp8:
+            raise ValueError("accumulation='fast' is for fp8 weights (QuantizedWeights): 16-bit "
+                             "weights always accumulate in fp32")
+        forced = _launch.parse(launch) if launch is not None else None
+        if forced is not None and forced.promotion not in (None, _launch.FAST_ACCUMULATION):
+            raise ValueError(f"launch={forced} promotes every {forced.promotion} wgmma, which "
+                             "accumulation='fast' contradicts: drop one of the two")
+
+
 # --- abstract evaluation ------------------------------------------------------------------
 
 def _check_operands(operands, *, n, weights, kernel, launch, activation, out_dtype,
                     accumulation="promoted"):
     selection.canonical_kernel(kernel)
-    if accumulation not in ACCUMULATIONS:
-        raise ValueError(f"jax_swiglu: accumulation must be one of {ACCUMULATIONS}, got "
-                         f"{accumulation!r}")
-    if accumulation == "fast" and weights != "fp8":
-        raise ValueError("jax_swiglu: accumulation='fast' is for fp8 weights; 16-bit weights "
-                         "always accumulate in fp32")
+    check_accumulation(accumulation, weights == "fp8")
     _reference.check_activation(activation)
     if weights not in WEIGHTS:
         raise ValueError(f"jax_swiglu: weights must be one of {WEIGHTS}, got {weights!r}")

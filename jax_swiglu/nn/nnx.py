@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .. import _api, _experts, _layout, _reference, convert, selection
+from .. import _api, _experts, _layout, _primitive, _reference, convert, selection
 from . import _common
 
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
@@ -451,7 +451,7 @@ class Fp8SwiGLUMLP(nnx.Module):
                  activation: str = "silu", accumulation: str = "promoted"):
         from .. import _quantize
         weights = _quantize.as_quantized(weights, "weights")
-        _api.check_accumulation(accumulation, fp8=True)
+        _primitive.check_accumulation(accumulation, fp8=True)
         _common.check_kernel_dtype(dtype)
         selection.check_kernel_name(kernel)
         _common.check_activation(activation)

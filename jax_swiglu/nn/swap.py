@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .. import _api, _layout, _quantize, _reference, selection
+from .. import _layout, _primitive, _quantize, _reference, selection
 from . import _common
 from .nnx import Fp8SwiGLUMLP, FusedExpertsMLP, FusedMoE, FusedSwiGLUMLP
 
@@ -216,7 +216,7 @@ def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str 
         raise TypeError(f"fp8 must be True or False, got {fp8!r}")
     if fp8 and fp8_scale not in _quantize.SCALE_MODES:
         raise ValueError(f"fp8_scale must be one of {_quantize.SCALE_MODES}, got {fp8_scale!r}")
-    _api.check_accumulation(accumulation, fp8)
+    _primitive.check_accumulation(accumulation, fp8)
     if not isinstance(model, nnx.Module):
         raise TypeError(f"swap_mlp_blocks takes an nnx.Module, got {type(model).__name__}")
     blocks = _find_blocks(model)
