@@ -402,6 +402,14 @@ def test_tuning_data_merges_grouped_runs_and_reports_held_out_models(tmp_path):
     assert "| qwen3-30b-a3b |" not in report_md
 
 
+def test_grouped_runs_of_another_device_are_refused():
+    run = {"environment": {**ENV, "device": "NVIDIA H100 PCIe"}, "rows": []}
+    document = tuning_data.empty_document({"kind": "NVIDIA H200", "compute_capability": 90,
+                                           "sm_count": 132, "dram_bytes_per_s": 4.9e12})
+    with pytest.raises(ValueError, match="cannot join tuning data of NVIDIA H200"):
+        tuning_data.merge_grouped(document, run)
+
+
 def test_calibration_plan_and_groups():
     expanded = calibrate.expand(["fit", "llama-3-8b", "4096x128"], calibrate.SHAPE_GROUPS)
     assert expanded.count("llama-3-8b") == 1 and expanded[-1] == "4096x128"
