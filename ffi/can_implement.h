@@ -51,7 +51,8 @@ inline const char* FamilyName(Family f) {
 // "config <id> (<family>)": how messages name a row.
 inline std::string RowName(const KernelConfig& c) {
   return std::string("config ") + std::to_string(c.id) + " (" + FamilyName(c.family) +
-         (c.operands == Operands::Fp8E4m3 ? ", e4m3" : "") + ")";
+         (c.operands == Operands::Fp8E4m3 ? ", e4m3" : "") +
+         (c.accumulation == Accumulation::Fast ? ", fast accumulation" : "") + ")";
 }
 
 // The splits a row may run with on K: the selection's candidates.
@@ -151,7 +152,12 @@ inline std::string CannotRun(const KernelConfig& c, const SwigluProblem& p) {
     return name + " has no split-K (only stream-K and gemv rows take splits); got splits=" +
            std::to_string(p.splits);
   }
-  if (c.operands == Operands::Fp8E4m3) {
+  if (c.accumulation == Accumulation::Fast) {
+    if (p.fp8_promotion != kFastAccumulation) {
+      return name + " accumulates in the tensor cores (fast accumulation) and cannot promote;"
+                    " got promotion=" + std::to_string(p.fp8_promotion) + " (0 is its only value)";
+    }
+  } else if (c.operands == Operands::Fp8E4m3) {
     // CUTLASS promotes after whole k tiles: an interval of their wgmma (32 of K each), or
     // once at the end (kFastAccumulation).
     const int per_tile = c.tile_k / 32;

@@ -27,10 +27,16 @@
 //              accumulation); the epilogue multiplies each fp32 accumulator by its token's and
 //              its packed column's scale before the activation; the output bfloat16 or float16
 //              (one translation unit each). tile_k counts fp8 elements (64 or 128 bytes a row;
-//              a promotion interval is a multiple of a k tile's wgmma, tile_k / 32). The
-//              promoted accumulators take twice the registers of the 16-bit kernel's, so a math
+//              a promotion interval is a multiple of a k tile's wgmma, tile_k / 32).
+//   accumulation  Promoted: fp32 sums (the 16-bit wgmma add in fp32; the e4m3 rows promote
+//              the tensor cores' sums into a second set of fp32 accumulators every `promotion`
+//              wgmma, or once after the last k tile for accumulation="fast"). The promoted
+//              e4m3 accumulators take twice the 16-bit kernel's registers, so a math
 //              warpgroup's share of a tile is at most 64 x 192 (a 128 x 256 cooperative tile, a
-//              128 x 128 pingpong one and a 64 x 192 pingpong one spill).
+//              128 x 128 pingpong one and a 64 x 192 pingpong one spill). Fast (e4m3 only):
+//              CUTLASS's fast-accumulation mainloop, the tensor cores' accumulators hold all of
+//              K and there is no second set, so the 16-bit kernel's tiles fit; the numerics
+//              of any e4m3 row at promotion 0, and only accumulation="fast" calls run them.
 //   schedule   Cooperative (two math warpgroups share a tile) or Pingpong (each warpgroup its
 //              own tile, one's epilogue overlapping the other's mainloop): CUTLASS's SM90
 //              schedules. The gemv rows: CudaCores (FMAs on weights loaded into registers)
@@ -74,64 +80,69 @@
 // The fp8 rows' Optional ones were timed by the fp8 launch probe (benchmarks/results/
 // NVIDIA_H200): a wider cooperative tile (faster where K is deep, slower where it is short)
 // and 64-deep k tiles, whose promotion every 2 wgmma halves the products the tensor cores add
-// at less than fp32 (exact, and slower). The CUDA-core gemv rows' CTA owns 256 packed
-// columns (one warp's row of 16-byte loads) and steps of 8 rows of K, with no padding of the
-// tokens to a wgmma shape and no TMA or workspace around the weight stream; the tensor-core
-// ones stream 128 or 256 packed columns by TMA for up to 16 tokens. Both split K over a
-// cluster of `splits` CTAs (the launch attribute: 1, 2, 4 or 8) whose sums meet in
-// distributed shared memory in rank order.
-// X(id, family, operands, schedule, m_side, tile_m, tile_n, tile_k, cluster_m, cluster_n,
-//   scheduler, store, m_bands, build)
+// at less than fp32 (exact, and slower). Of the fast-accumulation rows the cooperative
+// 128 x 256 one is the fast calls' tile where its whole waves compute no more than 128 x 128
+// ones (selection/_heuristic.py); the pingpong 128 x 128 one measured no faster than the
+// promoted 128 x 128 row at promotion 0, so it stays Optional. The CUDA-core gemv rows' CTA
+// owns 256 packed columns (one warp's row of 16-byte loads) and steps of 8 rows of K, with no
+// padding of the tokens to a wgmma shape and no TMA or workspace around the weight stream;
+// the tensor-core ones stream 128 or 256 packed columns by TMA for up to 16 tokens. Both
+// split K over a cluster of `splits` CTAs (the launch attribute: 1, 2, 4 or 8) whose sums
+// meet in distributed shared memory in rank order.
+// X(id, family, operands, accumulation, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
+//   cluster_n, scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \
-  X(0, Interleaved, Bits16, Cooperative, Tokens, 128, 256, 64, 2, 1, Persistent, DirectStore, 1, Always)   \
-  X(1, Interleaved, Bits16, Pingpong, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Always)      \
-  X(2, Interleaved, Bits16, Cooperative, Tokens, 128, 256, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
-  X(3, Interleaved, Bits16, Cooperative, Tokens, 128, 128, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
-  X(4, Interleaved, Bits16, Pingpong, Tokens, 64, 128, 64, 1, 1, Persistent, DirectStore, 1, Always)       \
-  X(5, Interleaved, Bits16, Cooperative, Tokens, 128, 128, 64, 1, 1, StreamK, TmaStore, 1, Optional)       \
-  X(6, Interleaved, Bits16, Pingpong, Tokens, 128, 192, 64, 2, 1, Persistent, DirectStore, 1, Always)      \
-  X(7, Interleaved, Bits16, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 1, Always)   \
-  X(8, Interleaved, Bits16, Cooperative, Tokens, 128, 320, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
-  X(9, Interleaved, Bits16, Cooperative, Tokens, 128, 192, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
-  X(10, Interleaved, Bits16, Cooperative, Tokens, 256, 192, 64, 1, 2, Persistent, DirectStore, 1, Always)  \
-  X(11, Interleaved, Bits16, Pingpong, Tokens, 128, 192, 64, 4, 1, Persistent, DirectStore, 1, Always)     \
-  X(12, Interleaved, Bits16, Pingpong, Tokens, 128, 128, 64, 1, 2, Persistent, DirectStore, 1, Always)     \
-  X(13, Interleaved, Bits16, Pingpong, Tokens, 128, 128, 64, 2, 1, SplitTail, DirectStore, 1, Always)      \
-  X(14, Interleaved, Bits16, Pingpong, Tokens, 128, 128, 64, 1, 2, SplitTail, DirectStore, 1, Always)      \
-  X(15, Interleaved, Bits16, Pingpong, Tokens, 128, 192, 64, 2, 1, Persistent, DirectStore, 2, Always)     \
-  X(16, Interleaved, Bits16, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 2, Optional)\
-  X(17, Interleaved, Bits16, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 4, Always)  \
-  X(18, Interleaved, Bits16, Cooperative, Weights, 16, 128, 64, 1, 1, StreamK, DirectStore, 1, Always)     \
-  X(19, Interleaved, Bits16, Cooperative, Weights, 32, 128, 64, 1, 1, StreamK, DirectStore, 1, Always)     \
-  X(20, Interleaved, Bits16, Cooperative, Weights, 64, 128, 64, 1, 1, StreamK, DirectStore, 1, Optional)   \
-  X(21, Interleaved, Bits16, Cooperative, Weights, 16, 256, 64, 1, 1, StreamK, DirectStore, 1, Always)     \
-  X(22, GateThenUp, Bits16, Pingpong, Tokens, 128, 128, 64, 1, 1, Persistent, TmaStore, 1, Always)         \
-  X(23, Gemv, Bits16, CudaCores, Weights, 1, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
-  X(24, Gemv, Bits16, CudaCores, Weights, 2, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
-  X(25, Gemv, Bits16, CudaCores, Weights, 4, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
-  X(26, Gemv, Bits16, CudaCores, Weights, 8, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
-  X(27, Interleaved, Fp8E4m3, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Always) \
-  X(28, Interleaved, Fp8E4m3, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
-  X(29, Interleaved, Fp8E4m3, Cooperative, Weights, 16, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
-  X(30, Interleaved, Fp8E4m3, Cooperative, Weights, 64, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
-  X(31, Interleaved, Fp8E4m3, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
-  X(32, Interleaved, Fp8E4m3, Cooperative, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Optional) \
-  X(33, Interleaved, Bits16, Cooperative, Tokens, 128, 256, 64, 1, 1, Grouped, DirectStore, 1, Always)     \
-  X(34, Interleaved, Bits16, Pingpong, Tokens, 64, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)      \
-  X(35, Interleaved, Bits16, Cooperative, Weights, 16, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)   \
-  X(36, Interleaved, Bits16, Cooperative, Weights, 32, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)   \
-  X(37, Interleaved, Bits16, Cooperative, Weights, 64, 128, 64, 1, 1, Grouped, DirectStore, 1, Optional) \
-  X(38, Interleaved, Bits16, Cooperative, Weights, 112, 128, 64, 1, 1, Persistent, DirectStore, 1, Optional) \
-  X(39, Interleaved, Bits16, Cooperative, Weights, 160, 128, 64, 1, 2, Persistent, DirectStore, 1, Always) \
-  X(40, Interleaved, Bits16, Cooperative, Weights, 208, 128, 64, 1, 2, Persistent, DirectStore, 1, Always) \
-  X(41, Interleaved, Bits16, Cooperative, Weights, 256, 128, 64, 1, 2, Persistent, DirectStore, 1, Optional) \
-  X(42, Interleaved, Bits16, Cooperative, Weights, 208, 128, 64, 1, 1, StreamK, DirectStore, 1, Always) \
-  X(43, Interleaved, Bits16, Pingpong, Weights, 128, 128, 64, 1, 2, Persistent, DirectStore, 1, Optional)  \
-  X(44, Interleaved, Bits16, Pingpong, Weights, 160, 128, 64, 1, 2, Persistent, DirectStore, 1, Always) \
-  X(45, Gemv, Bits16, TensorCores, Weights, 16, 128, 64, 1, 1, ClusterSplitK, DirectStore, 1, Always)  \
-  X(46, Gemv, Bits16, TensorCores, Weights, 16, 256, 64, 1, 1, ClusterSplitK, DirectStore, 1, Always) \
-  X(47, Interleaved, Bits16, Pingpong, Tokens, 128, 192, 64, 1, 1, Grouped, DirectStore, 1, Optional)  \
-  X(48, Interleaved, Bits16, Cooperative, Tokens, 256, 192, 64, 1, 1, Grouped, DirectStore, 1, Always)
+  X(0, Interleaved, Bits16, Promoted, Cooperative, Tokens, 128, 256, 64, 2, 1, Persistent, DirectStore, 1, Always)   \
+  X(1, Interleaved, Bits16, Promoted, Pingpong, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Always)      \
+  X(2, Interleaved, Bits16, Promoted, Cooperative, Tokens, 128, 256, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
+  X(3, Interleaved, Bits16, Promoted, Cooperative, Tokens, 128, 128, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
+  X(4, Interleaved, Bits16, Promoted, Pingpong, Tokens, 64, 128, 64, 1, 1, Persistent, DirectStore, 1, Always)       \
+  X(5, Interleaved, Bits16, Promoted, Cooperative, Tokens, 128, 128, 64, 1, 1, StreamK, TmaStore, 1, Optional)       \
+  X(6, Interleaved, Bits16, Promoted, Pingpong, Tokens, 128, 192, 64, 2, 1, Persistent, DirectStore, 1, Always)      \
+  X(7, Interleaved, Bits16, Promoted, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 1, Always)   \
+  X(8, Interleaved, Bits16, Promoted, Cooperative, Tokens, 128, 320, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
+  X(9, Interleaved, Bits16, Promoted, Cooperative, Tokens, 128, 192, 64, 1, 1, Persistent, DirectStore, 1, Always)   \
+  X(10, Interleaved, Bits16, Promoted, Cooperative, Tokens, 256, 192, 64, 1, 2, Persistent, DirectStore, 1, Always)  \
+  X(11, Interleaved, Bits16, Promoted, Pingpong, Tokens, 128, 192, 64, 4, 1, Persistent, DirectStore, 1, Always)     \
+  X(12, Interleaved, Bits16, Promoted, Pingpong, Tokens, 128, 128, 64, 1, 2, Persistent, DirectStore, 1, Always)     \
+  X(13, Interleaved, Bits16, Promoted, Pingpong, Tokens, 128, 128, 64, 2, 1, SplitTail, DirectStore, 1, Always)      \
+  X(14, Interleaved, Bits16, Promoted, Pingpong, Tokens, 128, 128, 64, 1, 2, SplitTail, DirectStore, 1, Always)      \
+  X(15, Interleaved, Bits16, Promoted, Pingpong, Tokens, 128, 192, 64, 2, 1, Persistent, DirectStore, 2, Always)     \
+  X(16, Interleaved, Bits16, Promoted, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 2, Optional)\
+  X(17, Interleaved, Bits16, Promoted, Cooperative, Tokens, 256, 192, 64, 2, 1, Persistent, DirectStore, 4, Always)  \
+  X(18, Interleaved, Bits16, Promoted, Cooperative, Weights, 16, 128, 64, 1, 1, StreamK, DirectStore, 1, Always)     \
+  X(19, Interleaved, Bits16, Promoted, Cooperative, Weights, 32, 128, 64, 1, 1, StreamK, DirectStore, 1, Always)     \
+  X(20, Interleaved, Bits16, Promoted, Cooperative, Weights, 64, 128, 64, 1, 1, StreamK, DirectStore, 1, Optional)   \
+  X(21, Interleaved, Bits16, Promoted, Cooperative, Weights, 16, 256, 64, 1, 1, StreamK, DirectStore, 1, Always)     \
+  X(22, GateThenUp, Bits16, Promoted, Pingpong, Tokens, 128, 128, 64, 1, 1, Persistent, TmaStore, 1, Always)         \
+  X(23, Gemv, Bits16, Promoted, CudaCores, Weights, 1, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
+  X(24, Gemv, Bits16, Promoted, CudaCores, Weights, 2, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
+  X(25, Gemv, Bits16, Promoted, CudaCores, Weights, 4, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
+  X(26, Gemv, Bits16, Promoted, CudaCores, Weights, 8, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
+  X(27, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Always) \
+  X(28, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
+  X(29, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 16, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
+  X(30, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 64, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
+  X(31, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
+  X(32, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Optional) \
+  X(33, Interleaved, Bits16, Promoted, Cooperative, Tokens, 128, 256, 64, 1, 1, Grouped, DirectStore, 1, Always)     \
+  X(34, Interleaved, Bits16, Promoted, Pingpong, Tokens, 64, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)      \
+  X(35, Interleaved, Bits16, Promoted, Cooperative, Weights, 16, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)   \
+  X(36, Interleaved, Bits16, Promoted, Cooperative, Weights, 32, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)   \
+  X(37, Interleaved, Bits16, Promoted, Cooperative, Weights, 64, 128, 64, 1, 1, Grouped, DirectStore, 1, Optional) \
+  X(38, Interleaved, Bits16, Promoted, Cooperative, Weights, 112, 128, 64, 1, 1, Persistent, DirectStore, 1, Optional) \
+  X(39, Interleaved, Bits16, Promoted, Cooperative, Weights, 160, 128, 64, 1, 2, Persistent, DirectStore, 1, Always) \
+  X(40, Interleaved, Bits16, Promoted, Cooperative, Weights, 208, 128, 64, 1, 2, Persistent, DirectStore, 1, Always) \
+  X(41, Interleaved, Bits16, Promoted, Cooperative, Weights, 256, 128, 64, 1, 2, Persistent, DirectStore, 1, Optional) \
+  X(42, Interleaved, Bits16, Promoted, Cooperative, Weights, 208, 128, 64, 1, 1, StreamK, DirectStore, 1, Always) \
+  X(43, Interleaved, Bits16, Promoted, Pingpong, Weights, 128, 128, 64, 1, 2, Persistent, DirectStore, 1, Optional)  \
+  X(44, Interleaved, Bits16, Promoted, Pingpong, Weights, 160, 128, 64, 1, 2, Persistent, DirectStore, 1, Always) \
+  X(45, Gemv, Bits16, Promoted, TensorCores, Weights, 16, 128, 64, 1, 1, ClusterSplitK, DirectStore, 1, Always)  \
+  X(46, Gemv, Bits16, Promoted, TensorCores, Weights, 16, 256, 64, 1, 1, ClusterSplitK, DirectStore, 1, Always) \
+  X(47, Interleaved, Bits16, Promoted, Pingpong, Tokens, 128, 192, 64, 1, 1, Grouped, DirectStore, 1, Optional)  \
+  X(48, Interleaved, Bits16, Promoted, Cooperative, Tokens, 256, 192, 64, 1, 1, Grouped, DirectStore, 1, Always)  \
+  X(49, Interleaved, Fp8E4m3, Fast, Cooperative, Tokens, 128, 256, 128, 2, 1, Persistent, DirectStore, 1, Always)   \
+  X(50, Interleaved, Fp8E4m3, Fast, Pingpong, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
@@ -164,6 +175,7 @@ inline constexpr int kActivationCount = 0 JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_COUN
 
 enum class Family { Interleaved, GateThenUp, Gemv };
 enum class Operands { Bits16, Fp8E4m3 };
+enum class Accumulation { Promoted, Fast };
 enum class Schedule { Cooperative, Pingpong, CudaCores, TensorCores };
 enum class MmaMSide { Tokens, Weights };
 enum class TileScheduler { Persistent, StreamK, SplitTail, ClusterSplitK, Grouped };
@@ -174,6 +186,7 @@ struct KernelConfig {
   int id;
   Family family;
   Operands operands;
+  Accumulation accumulation;
   Schedule schedule;
   MmaMSide m_side;
   int tile_m, tile_n, tile_k;
@@ -208,11 +221,11 @@ struct KernelConfig {
   constexpr bool grouped() const { return scheduler == TileScheduler::Grouped; }
 };
 
-#define JAX_SWIGLU_CONFIG_ROW(id, family, operands, schedule, m_side, tm, tn, tk, cm, cn,  \
-                              scheduler, store, m_bands, build)                            \
-  KernelConfig{id, Family::family, Operands::operands, Schedule::schedule, MmaMSide::m_side, \
-               tm, tn, tk, cm, cn, TileScheduler::scheduler, OutputStore::store, m_bands,   \
-               Build::build},
+#define JAX_SWIGLU_CONFIG_ROW(id, family, operands, accumulation, schedule, m_side, tm, tn,  \
+                              tk, cm, cn, scheduler, store, m_bands, build)                \
+  KernelConfig{id, Family::family, Operands::operands, Accumulation::accumulation,           \
+               Schedule::schedule, MmaMSide::m_side, tm, tn, tk, cm, cn,                     \
+               TileScheduler::scheduler, OutputStore::store, m_bands, Build::build},
 inline constexpr KernelConfig kConfigs[] = {JAX_SWIGLU_CONFIGS(JAX_SWIGLU_CONFIG_ROW)};
 #undef JAX_SWIGLU_CONFIG_ROW
 inline constexpr int kConfigCount = static_cast<int>(sizeof(kConfigs) / sizeof(KernelConfig));
@@ -228,6 +241,12 @@ static_assert(ConfigIdsAreRowIndices(), "config ids must be 0, 1, 2, ... in tabl
 
 constexpr bool IsValidRow(const KernelConfig& c) {
   const bool gemv = c.family == Family::Gemv;
+  // Fast accumulation is a mainloop of the e4m3 interleaved kernel on dense calls.
+  if (c.accumulation == Accumulation::Fast &&
+      (c.operands != Operands::Fp8E4m3 || c.family != Family::Interleaved ||
+       c.scheduler == TileScheduler::Grouped)) {
+    return false;
+  }
   // CudaCores, TensorCores and ClusterSplitK are the gemv kernels' alone.
   if (gemv != (c.schedule == Schedule::CudaCores || c.schedule == Schedule::TensorCores) ||
       gemv != (c.scheduler == TileScheduler::ClusterSplitK)) {

@@ -303,7 +303,8 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
     if why:
         return header + f"runs plain XLA, since {why}\n  details: xla (the XLA reference)"
     problem = selection.Problem(m, packed.n, packed.k, out_dtype,
-                                _primitive.operands_of(weights, packed.dtype), activation)
+                                _primitive.operands_of(weights, packed.dtype), activation,
+                                accumulation)
     choice = _primitive.with_accumulation(
         selection.choose(problem, kernel=kernel, launch=forced, platform=platform), accumulation)
     # First what runs and why in plain words, then the launch, its source and its numbers.

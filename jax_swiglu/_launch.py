@@ -10,6 +10,7 @@ data and autotune cache store::
     "3,swizzle=4,raster=m"    tile order of the persistent scheduler
     "27,promotion=8"          an e4m3 row promoting every 8 wgmma
     "27,promotion=0"          ... promoting once, after the last k tile (fast accumulation)
+    "49"                      a fast-accumulation row (promotion 0 is its only value)
 
 Whether the row can run a problem is the extension's question (``_native.can_implement``).
 """
@@ -54,12 +55,16 @@ class Launch:
 
     @property
     def promotion_interval(self) -> int:
-        """The e4m3 rows' promotion attribute: the given one, else one k tile's wgmma."""
-        return self.promotion if self.promotion is not None else max(1, self.row.tile_k // 32)
+        """The e4m3 rows' promotion attribute: the given one, else one k tile's wgmma (a
+        fast-accumulation row's: FAST_ACCUMULATION)."""
+        if self.promotion is not None:
+            return self.promotion
+        return FAST_ACCUMULATION if self.row.fast_accumulation else max(1, self.row.tile_k // 32)
 
     @property
     def fast_accumulation(self) -> bool:
-        return self.promotion == FAST_ACCUMULATION
+        """Whether the tensor cores add all of K (promotion 0, or a fast-accumulation row)."""
+        return self.promotion_interval == FAST_ACCUMULATION and self.row.operands == "e4m3"
 
     def __str__(self) -> str:
         row = _native.all_configs().get(self.config)
@@ -82,7 +87,7 @@ class Launch:
                       else f", split-K {self.splits}")
         if self.swizzle != 1 or self.raster != "heuristic":
             extra += f", swizzle {self.swizzle} raster {self.raster}"
-        if self.fast_accumulation:
+        if self.fast_accumulation and not row.fast_accumulation:
             extra += ", fast accumulation (one promotion, after the last k tile)"
         elif self.promotion is not None:
             extra += f", promotion every {self.promotion}"

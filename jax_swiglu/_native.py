@@ -59,6 +59,9 @@ class KernelConfig:
     # "tokens" (x rows on the wgmma M side) or "weights" (swap-AB: packed columns on it)
     m_side: str = "tokens"
     operands: str = "16bit"  # or "e4m3" (OPERANDS)
+    # "promoted" (fp32 sums; an e4m3 row promotes the tensor cores' sums every `promotion`
+    # wgmma) or "fast" (e4m3: CUTLASS's fast-accumulation mainloop, accumulation="fast" only)
+    accumulation: str = "promoted"
     optional: bool = False  # compiled only with JAX_SWIGLU_ALL_CONFIGS
     compiled: bool = True
     max_m: int = 0  # the most tokens the row runs (0: any M)
@@ -69,8 +72,14 @@ class KernelConfig:
     # grid, the group sizes read on the device (scheduler "grouped")
     grouped: bool = False
 
+    @property
+    def fast_accumulation(self) -> bool:
+        """Whether the row's mainloop never promotes: it runs only accumulation="fast"."""
+        return self.accumulation == "fast"
+
     def describe(self) -> str:
-        fp8 = "e4m3, " if self.operands == "e4m3" else ""
+        fp8 = ("e4m3 fast accumulation, " if self.fast_accumulation else
+               "e4m3, " if self.operands == "e4m3" else "")
         if self.is_gemv:
             cores = "tensor cores (TMA, wgmma)" if self.schedule == "tensor-cores" else "CUDA cores"
             return (f"{fp8}{cores}, up to {self.tile_m} tokens, {self.tile_n} packed columns "
@@ -89,7 +98,8 @@ class KernelConfig:
 
     def in_words(self) -> str:
         """What the row's kernel does, without the tile jargon (docs/design.md has that)."""
-        fp8 = "fp8 " if self.operands == "e4m3" else ""
+        fp8 = ("fp8 fast-accumulation " if self.fast_accumulation else
+               "fp8 " if self.operands == "e4m3" else "")
         if self.is_gemv:
             cores = "tensor-core" if self.schedule == "tensor-cores" else "CUDA-core"
             return (f"{fp8}{cores} GEMV: the weights streamed once, for at most "
@@ -111,7 +121,7 @@ class KernelConfig:
         data refers to it, so the data stays valid when rows are added or reordered."""
         return config_key(self.family, self.operands, self.schedule, self.m_side, self.tile_m,
                           self.tile_n, self.tile_k, self.cluster_m, self.cluster_n,
-                          self.scheduler, self.store, self.m_bands)
+                          self.scheduler, self.store, self.m_bands, self.accumulation)
 
     @property
     def is_gemv(self) -> bool:
@@ -123,8 +133,10 @@ class KernelConfig:
 
 
 def config_key(family, operands, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
-               cluster_n, scheduler, store, m_bands) -> str:
+               cluster_n, scheduler, store, m_bands, accumulation="promoted") -> str:
     kernel = family if operands == "16bit" else f"{family}/{operands}"
+    if accumulation == "fast":
+        kernel += "-fast"
     return (f"{kernel}/{schedule}/{m_side}/{tile_m}x{tile_n}x{tile_k}/{cluster_m}x{cluster_n}/"
             f"{scheduler}/{store}" + (f"/bands{m_bands}" if m_bands > 1 else ""))
 

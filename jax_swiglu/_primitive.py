@@ -80,6 +80,11 @@ def check_accumulation(accumulation, fp8: bool, launch=None) -> None:
         if forced is not None and forced.promotion not in (None, _launch.FAST_ACCUMULATION):
             raise ValueError(f"launch={forced} promotes every {forced.promotion} wgmma, which "
                              "accumulation='fast' contradicts: drop one of the two")
+    elif launch is not None and fp8:
+        forced = _launch.parse(launch)
+        if forced.row.fast_accumulation:
+            raise ValueError(f"launch={forced}: config {forced.config} accumulates in the tensor "
+                             "cores (fast accumulation); pass accumulation='fast' to run it")
 
 
 # --- abstract evaluation ------------------------------------------------------------------
@@ -87,7 +92,7 @@ def check_accumulation(accumulation, fp8: bool, launch=None) -> None:
 def _check_operands(operands, *, n, weights, kernel, launch, activation, out_dtype,
                     accumulation="promoted"):
     selection.canonical_kernel(kernel)
-    check_accumulation(accumulation, weights == "fp8")
+    check_accumulation(accumulation, weights == "fp8", launch)
     _reference.check_activation(activation)
     if weights not in WEIGHTS:
         raise ValueError(f"jax_swiglu: weights must be one of {WEIGHTS}, got {weights!r}")
@@ -145,8 +150,11 @@ def _abstract_eval(*operands, n, weights, kernel, launch, activation, out_dtype,
 
 
 def _shard_abstract_eval(*operands, n, weights, launch, activation, out_dtype):
+    # The launch is the one chosen for the call: it accumulates as the call asked.
+    fast = launch is not None and launch.fast_accumulation
     m = _check_operands(operands, n=n, weights=weights, kernel="auto", launch=launch,
-                        activation=activation, out_dtype=out_dtype)
+                        activation=activation, out_dtype=out_dtype,
+                        accumulation="fast" if fast else "promoted")
     return jax.core.ShapedArray((m, n), jnp.dtype(out_dtype))
 
 
@@ -233,20 +241,22 @@ def _is_scalar(shape) -> bool:
 
 def choose(operands, *, n, weights, kernel, launch, activation, out_dtype, platform,
            accumulation="promoted") -> selection.Choice:
-    """The selection's choice for one device's operands (their avals: local shapes). Fast
-    accumulation runs the launch chosen for the promoted one with promotion 0: the same tiles
-    (its tuning data is the promoted launches')."""
+    """The selection's choice for one device's operands (their avals: local shapes). A fast
+    accumulation call chooses among the fast-accumulation rows and the promoted ones, which
+    run it with promotion 0."""
     x, w = operands[0], operands[1] if weights == "packed" else operands[2]
     m, k = x.shape
-    problem = selection.Problem(m, n, k, out_dtype, operands_of(weights, w.dtype), activation)
+    problem = selection.Problem(m, n, k, out_dtype, operands_of(weights, w.dtype), activation,
+                                accumulation)
     return with_accumulation(
         selection.choose(problem, kernel=kernel, launch=launch, platform=platform), accumulation)
 
 
 def with_accumulation(choice: selection.Choice, accumulation: str) -> selection.Choice:
-    """``choice`` as it runs under ``accumulation``: fast accumulation is the chosen fp8
-    launch with promotion 0."""
-    if accumulation != "fast" or choice.launch is None:
+    """``choice`` as it runs under ``accumulation``: under fast accumulation a promoted fp8
+    row's launch with promotion 0 (a fast-accumulation row's launch as it is)."""
+    if (accumulation != "fast" or choice.launch is None
+            or choice.launch.row.fast_accumulation):
         return choice
     return dataclasses.replace(choice, launch=dataclasses.replace(
         choice.launch, promotion=_launch.FAST_ACCUMULATION))

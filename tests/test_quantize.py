@@ -294,6 +294,8 @@ def test_a_family_without_an_fp8_form_is_refused(quantized):
 
 
 def _fp8_row(**fields):
+    """The one e4m3 row with ``fields`` (promoted accumulation unless they say otherwise)."""
+    fields.setdefault("accumulation", "promoted")
     [row] = [row for row in jax_swiglu.kernel_configs().values() if row.operands == "e4m3"
              and all(getattr(row, k) == v for k, v in fields.items())]
     return row
@@ -308,12 +310,18 @@ def _fp8_hlo(launch, m=2048, k=256, accumulation="promoted"):
 
 @requires_kernels
 @pytest.mark.parametrize("m", [8, 2048])
-def test_fast_accumulation_is_the_chosen_launch_promoting_once(m):
-    """accumulation='fast' runs the launch chosen for the promoted call with promotion 0 (one
-    promotion, after the last k tile), chosen or forced, and explain says so."""
+def test_fast_accumulation_is_promotion_0_or_a_fast_accumulation_row(m):
+    """accumulation='fast' runs promotion 0 (one promotion, after the last k tile): the launch
+    chosen for the promoted call, or where the waves rule takes it (M = 2048: 128 tiles of
+    128 x 256 fill one wave as 256 of 128 x 128 fill two) a fast-accumulation row; chosen or
+    forced, and explain says so."""
     promoted, fast = _fp8_hlo(None, m=m), _fp8_hlo(None, m=m, accumulation="fast")
     config = re.search(r"config = (\d+) : i64", promoted).group(1)
-    assert re.search(rf"config = {config} : i64", fast)
+    fast_config = int(re.search(r"config = (\d+) : i64", fast).group(1))
+    if m == 2048:
+        assert jax_swiglu.kernel_configs()[fast_config].fast_accumulation, fast
+    else:
+        assert fast_config == int(config)
     assert re.search(r"promotion = 0 : i64", fast) and not re.search(r"promotion = 0 ", promoted)
     deep = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
     assert re.search(r"promotion = 0 : i64", _fp8_hlo(f"{deep.id}", accumulation="fast"))
@@ -321,7 +329,8 @@ def test_fast_accumulation_is_the_chosen_launch_promoting_once(m):
     q = quantize_weights(*random_weights(jax.random.key(9), 256, 1024, jnp.float32))
     x = jax.ShapeDtypeStruct((m, 256), jnp.bfloat16)
     explained = jax_swiglu.explain(x, q, platform="cuda", accumulation="fast")
-    assert "fast accumulation (one promotion, after the last k tile)" in explained, explained
+    assert ("fast accumulation (one promotion, after the last k tile)" if m == 8
+            else "e4m3 fast accumulation") in explained, explained
     assert "fast accumulation" not in jax_swiglu.explain(x, q, platform="cuda")
 
 
@@ -368,3 +377,24 @@ def test_a_bad_forced_fp8_launch_is_a_trace_time_error(launch, match):
     fp8 = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128).id
     with pytest.raises(ValueError, match=match):
         _fp8_hlo(launch.format(fp8=fp8))
+
+
+@requires_kernels
+def test_a_fast_accumulation_row_runs_only_fast_calls():
+    """The fast-accumulation rows (no promotion in their mainloop) join the candidates of a
+    fast call only; forced on a promoted call, or with a promotion interval, they are a clear
+    error when the call is traced."""
+    wide = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=256, accumulation="fast")
+    hlo = _fp8_hlo(f"{wide.id}", accumulation="fast")
+    assert re.search(rf"config = {wide.id} : i64", hlo) and re.search(r"promotion = 0 : i64", hlo)
+    with pytest.raises(ValueError, match="pass accumulation='fast'"):
+        _fp8_hlo(f"{wide.id}")
+    with pytest.raises(ValueError, match="fast accumulation"):
+        _fp8_hlo(f"{wide.id},promotion=4")
+    with pytest.raises(ValueError, match="contradicts"):
+        _fp8_hlo(f"{wide.id},promotion=4", accumulation="fast")
+    problem = lambda accumulation: selection.Problem(  # noqa: E731
+        2048, 1024, 256, "bfloat16", "e4m3", accumulation=accumulation)
+    assert wide in selection.candidates(problem("fast"))
+    assert wide not in selection.candidates(problem("promoted"))
+    assert problem("fast").data_dtype != problem("promoted").data_dtype  # own autotune entries

@@ -522,12 +522,16 @@ def test_gemv_model():
 FP8_RULE = MODEL["heuristics"]["e4m3"]
 
 
-def _fp8_rows():
-    return [row for row in _native.kernel_configs().values() if row.operands == "e4m3"]
+def _fp8_rows(accumulation="promoted"):
+    """The e4m3 rows a call of ``accumulation`` chooses among (selection.candidates')."""
+    return [row for row in _native.kernel_configs().values() if row.operands == "e4m3"
+            and (accumulation == "fast" or not row.fast_accumulation)]
 
 
-def _fp8_row(**fields):
-    [row] = [row for row in _fp8_rows() if not row.optional
+def _fp8_row(accumulation="promoted", **fields):
+    """The one row every build compiles of ``accumulation`` with ``fields``."""
+    [row] = [row for row in _fp8_rows(accumulation) if not row.optional
+             and row.accumulation == accumulation
              and all(getattr(row, k) == v for k, v in fields.items())]
     return row
 
@@ -564,3 +568,21 @@ def test_fp8_calls_follow_the_rule_without_fp8_data():
     for m, row in expected.items():
         choice = selection.choose(selection.Problem(m, 4096, 4096, "bfloat16", "e4m3"))
         assert choice.launch == _launch.Launch(row.id) and choice.source == "heuristic", m
+
+
+@requires_kernels
+def test_fp8_fast_rule_takes_the_wider_tile_where_its_waves_compute_no_more():
+    """Under fast accumulation the 128 x 256 fast-accumulation tile joins the 128 x 128 ones:
+    it wins where its whole waves compute no more than theirs (a tie: half the bytes per
+    product), and the 128 x 128 tile where it fills a wave the wider one fills half of."""
+    rows = _fp8_rows("fast")
+    wide = _fp8_row("fast", m_side="tokens", scheduler="persistent", tile_n=256)
+    narrow = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
+    rule = lambda m: _heuristic.waves_rule(m, 4096, 132, rows, FP8_RULE)[0]  # noqa: E731
+    assert rule(8192) == wide and rule(2048) == wide  # 64 x 32 and 16 x 32 tiles of 128 x 256
+    assert rule(256) == narrow  # 128 tiles of 128 x 128 fill one wave; 64 of 128 x 256 half
+    # The promoted rows never see the fast one.
+    assert wide not in _fp8_rows() and wide in selection.candidates(
+        selection.Problem(8192, 4096, 4096, "bfloat16", "e4m3", accumulation="fast"))
+    assert wide not in selection.candidates(
+        selection.Problem(8192, 4096, 4096, "bfloat16", "e4m3"))

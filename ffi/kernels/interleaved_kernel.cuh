@@ -2,7 +2,8 @@
 //
 // One CUTLASS SM90 TMA warp-specialized GEMM assembled from parts: the CollectiveBuilder's
 // TMA + wgmma mainloop (for e4m3 operands CUTLASS's fp8 mainloop, which promotes the tensor
-// cores' accumulators into fp32 ones), one of our SwiGLU epilogues, and a tile scheduler. A
+// cores' accumulators into fp32 ones, or on a fast-accumulation row the plain one), one of our
+// SwiGLU epilogues, and a tile scheduler. A
 // row of the config table (kernel_configs.h) picks the parts; one assembly serves 16-bit and
 // e4m3 operands, each in two forms:
 //  - tokens on the wgmma M side (the prefill form): the GEMM is [M, 2N, K], x is A and the
@@ -49,15 +50,26 @@
 
 namespace jax_swiglu {
 
-template <Schedule S>
+// CUTLASS's kernel schedule for a row's schedule and accumulation: the fast-accumulation
+// schedules select the plain TMA + wgmma mainloop for e4m3 operands (no promotion, no second
+// set of accumulators) instead of CUTLASS's fp8 one.
+template <Schedule S, Accumulation A>
 struct KernelScheduleFor;
 template <>
-struct KernelScheduleFor<Schedule::Cooperative> {
+struct KernelScheduleFor<Schedule::Cooperative, Accumulation::Promoted> {
   using type = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 };
 template <>
-struct KernelScheduleFor<Schedule::Pingpong> {
+struct KernelScheduleFor<Schedule::Pingpong, Accumulation::Promoted> {
   using type = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+};
+template <>
+struct KernelScheduleFor<Schedule::Cooperative, Accumulation::Fast> {
+  using type = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
+};
+template <>
+struct KernelScheduleFor<Schedule::Pingpong, Accumulation::Fast> {
+  using type = cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum;
 };
 
 template <TileScheduler T, int kMBands>
@@ -93,17 +105,17 @@ using StoreFor =
                         TmaStore<ElementD, kTileM, kTilePacked, Pairs>>;
 
 // The CollectiveBuilder's TMA + wgmma mainloop on `TileShape`, A and B of `Element` in these
-// layouts, fp32 accumulators (for fp8 elements CUTLASS's fp8 mainloop, which promotes them),
-// on clusters of kClusterM x kClusterN CTAs, leaving kCarveoutBytes of shared memory free
-// (the epilogue's).
+// layouts, fp32 accumulators (for fp8 elements and promoted accumulation CUTLASS's fp8
+// mainloop, which promotes them), on clusters of kClusterM x kClusterN CTAs, leaving
+// kCarveoutBytes of shared memory free (the epilogue's).
 template <class Element, class TileShape, class LayoutA, class LayoutB, int kClusterM,
-          int kClusterN, Schedule kSchedule, int kCarveoutBytes>
+          int kClusterN, Schedule kSchedule, Accumulation kAccumulation, int kCarveoutBytes>
 using CollectiveMainloopFor = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA,
     16 / sizeof(Element), Element, LayoutB, 16 / sizeof(Element), float, TileShape,
     cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>,
     cutlass::gemm::collective::StageCountAutoCarveout<kCarveoutBytes>,
-    typename KernelScheduleFor<kSchedule>::type>::CollectiveOp;
+    typename KernelScheduleFor<kSchedule, kAccumulation>::type>::CollectiveOp;
 
 // CUTLASS's mma_promotion_interval for a problem's fp8_promotion: fast accumulation is an
 // interval no k loop reaches (a multiple of any k tile's wgmma count, as CUTLASS checks), so
@@ -119,6 +131,8 @@ struct InterleavedAssembly {
   static constexpr KernelConfig kConfig = kConfigs[ConfigId];
   static_assert(kConfig.family == Family::Interleaved, "a row of the interleaved kernel");
   static constexpr bool kFp8 = kConfig.operands == Operands::Fp8E4m3;
+  // The fast-accumulation mainloop takes no promotion interval (it never promotes).
+  static constexpr bool kFastAccumulation = kConfig.accumulation == Accumulation::Fast;
   static constexpr bool kSwapAb = kConfig.m_side == MmaMSide::Weights;
   using ElementD = typename CutlassElement<ElementTag>::type;
   using Element = cute::conditional_t<kFp8, cutlass::float_e4m3_t, ElementD>;
@@ -162,7 +176,8 @@ struct InterleavedAssembly {
   static constexpr int kClusterM = kSwapAb ? kConfig.cluster_n : kConfig.cluster_m;
   static constexpr int kClusterN = kSwapAb ? kConfig.cluster_m : kConfig.cluster_n;
   using Built = CollectiveMainloopFor<Element, TileShape, LayoutA, LayoutB, kClusterM, kClusterN,
-                                      kConfig.schedule, Epilogue::kSharedBytes>;
+                                      kConfig.schedule, kConfig.accumulation,
+                                      Epilogue::kSharedBytes>;
   // Tokens on M with the direct store: edge tiles' x loads are kept inside x (edge_tiles.cuh).
   static constexpr bool kShiftedRows = !kSwapAb && Store::kShiftedRows;
   using EdgeMainloop = cute::conditional_t<
@@ -202,7 +217,7 @@ struct InterleavedAssembly {
     } else {
       a = x, stride_a = x_stride, b = weights, stride_b = weights_stride;
     }
-    if constexpr (kFp8) {
+    if constexpr (kFp8 && !kFastAccumulation) {
       return GemmArguments<Kernel>(
           shape, {a, stride_a, b, stride_b, PromotionInterval(p.fp8_promotion)}, p, facts);
     } else if constexpr (kGrouped) {

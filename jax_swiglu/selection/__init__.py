@@ -42,13 +42,18 @@ class Problem:
     dtype: str  # the output's: "bfloat16" or "float16"
     operands: str = "16bit"
     activation: str = "silu"
+    # "promoted" or, for e4m3 operands, "fast": the fast-accumulation rows join the candidates
+    # and the promoted rows run with promotion 0
+    accumulation: str = "promoted"
 
     @property
     def data_dtype(self) -> str:
         """How tuning data and the autotune cache name the problem's operands. bfloat16 and
         float16 run the same tiles at the same tensor-core rate and bytes, so they share one
-        set of measurements."""
-        return "bfloat16" if self.operands == "16bit" else "float8_e4m3fn"
+        set of measurements; fp8 fast accumulation has its own."""
+        if self.operands == "16bit":
+            return "bfloat16"
+        return "float8_e4m3fn" + ("/fast" if self.accumulation == "fast" else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,13 +153,18 @@ def kernels_unusable_reason() -> str | None:
 
 def candidates(problem: Problem, family: str | None = None) -> list[_native.KernelConfig]:
     """The compiled dense rows of ``problem``'s operands (of ``family`` if given) that can
-    run it with their default launch attributes."""
+    run it with their default launch attributes (under fast accumulation, promotion 0; the
+    fast-accumulation rows only there)."""
+    fast = problem.accumulation == "fast"
     return [row for row in _native.kernel_configs().values()
             if row.operands == problem.operands and (family is None or row.family == family)
             and not row.grouped
+            and (fast or not row.fast_accumulation)
             and row.runs(problem.m)
-            and not _native.can_implement(row.id, m=problem.m, n=problem.n, k=problem.k,
-                                          promotion=max(1, row.tile_k // 32))]
+            and not _native.can_implement(
+                row.id, m=problem.m, n=problem.n, k=problem.k,
+                promotion=(_launch.FAST_ACCUMULATION if fast
+                           else _launch.Launch(row.id).promotion_interval))]
 
 
 def check_forced_launch(launch: _launch.Launch, problem: Problem, kernel: str = "auto") -> None:
@@ -225,7 +235,7 @@ def choose(problem: Problem, *, kernel: str = "auto", launch: _launch.Launch | N
             raise ValueError(f"kernel={kernel!r} was requested, but this build has no "
                              f"{family} kernel on {problem.operands} operands")
         why = _native.can_implement(rows[0].id, m=problem.m, n=problem.n, k=problem.k,
-                                    promotion=max(1, rows[0].tile_k // 32))
+                                    promotion=_launch.Launch(rows[0].id).promotion_interval)
         raise ValueError(f"kernel={kernel!r} was requested, but no compiled {family} config "
                          f"runs M={problem.m} N={problem.n} K={problem.k}: {why}")
     decision = _engine.decide(problem, found, xla_allowed=family is None, version=__version__)

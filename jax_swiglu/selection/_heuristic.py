@@ -6,9 +6,11 @@
   largest swap-AB tile) stream the weights once, so the tensor cores' M side should be the
   weights (swap-AB), with the smallest token tile that holds M (less shared memory per stage,
   more stages in flight) and stream-K spreading the K loop over every SM whatever the tile
-  count. More tokens go on the M side in 128 x 128 tiles: whole waves of tiles over the SM
-  count run best on the persistent scheduler with 2x1 clusters (the weight tile multicast to
-  both CTAs); a ragged last wave (less than ``full_last_wave`` of the SMs busy in a call of at
+  count. More tokens go on the M side: whole waves of tiles over the SM count run best on the
+  persistent scheduler with 2x1 clusters (the weight tile multicast to both CTAs), in the
+  tiles whose whole waves compute the least (promoted accumulation has only 128 x 128 ones;
+  fast accumulation adds 128 x 256, which a tie goes to: half the operand bytes per
+  product); a ragged last wave (less than ``full_last_wave`` of the SMs busy in a call of at
   most ``many_waves`` waves) is spread over every SM by stream-K instead. The rule picks among
   the rows every build compiles; the Optional ones run when forced or autotuned.
 
@@ -72,6 +74,20 @@ def model_alone(candidates, model: _model.Problem, device, constants, splits_of)
             for splits in (splits_of(config, model.k) if config.is_gemv else (1,))}
 
 
+def _tiles(config, m: int, n: int) -> tuple[int, int]:
+    """(token tiles, packed-column tiles) of a tokens-side row, before cluster padding."""
+    return math.ceil(m / config.tile_m), math.ceil(2 * _layout.padded_n(n) / config.tile_n)
+
+
+def _padded_work(config, m: int, n: int, sm_count: int) -> int:
+    """Tokens x packed columns the whole waves of a tokens-side row compute: its tiles padded
+    to whole clusters (a padded tile computes too), the last wave counted whole."""
+    tiles_m, tiles_n = _tiles(config, m, n)
+    tiles = (math.ceil(tiles_m / config.cluster_m) * config.cluster_m
+             * math.ceil(tiles_n / config.cluster_n) * config.cluster_n)
+    return math.ceil(tiles / sm_count) * sm_count * config.tile_m * config.tile_n
+
+
 def waves_rule(m: int, n: int, sm_count: int, candidates, constants: dict):
     """The e4m3 rule of the module docstring among ``candidates`` (rows that can run the
     problem; only the rows every build compiles are considered): (config, reason)."""
@@ -84,10 +100,16 @@ def waves_rule(m: int, n: int, sm_count: int, candidates, constants: dict):
         return c, (f"M={m} tokens fit one swap-AB tile of {c.tile_m}: the weights stream once "
                    f"over all {sm_count} SMs (stream-K)")
     tokens = [c for c in rows if c.m_side == "tokens"]
-    persistent = next(c for c in tokens if c.scheduler == "persistent")
+    # The persistent rows: under fast accumulation the fast-accumulation rows (no promotion,
+    # so tiles as large as the 16-bit kernel's) with the promoted ones. The one whose whole
+    # waves compute the least, a larger tile (fewer bytes per product) and then a
+    # fast-accumulation row on a tie.
+    persistent_rows = [c for c in tokens if c.scheduler == "persistent"]
+    persistent = min(persistent_rows,
+                     key=lambda c: (_padded_work(c, m, n, sm_count),
+                                    -c.tile_m * c.tile_n, not c.fast_accumulation))
     stream_k = next((c for c in tokens if c.scheduler == "stream-k"), None)
-    tiles = math.ceil(m / persistent.tile_m) * math.ceil(2 * _layout.padded_n(n)
-                                                          / persistent.tile_n)
+    tiles = math.prod(_tiles(persistent, m, n))
     waves = tiles / sm_count
     last = tiles % sm_count
     fill = 1.0 if last == 0 else last / sm_count
@@ -95,6 +117,6 @@ def waves_rule(m: int, n: int, sm_count: int, candidates, constants: dict):
             or fill >= constants["full_last_wave"]):
         return persistent, (f"{tiles} tiles of {persistent.tile_m}x{persistent.tile_n} are "
                             f"{waves:.2f} waves on {sm_count} SMs: persistent")
-    return stream_k, (f"{tiles} tiles of {stream_k.tile_m}x{stream_k.tile_n} are "
+    return stream_k, (f"{tiles} tiles of {persistent.tile_m}x{persistent.tile_n} are "
                       f"{waves:.2f} waves on {sm_count} SMs, the last {fill:.0%} full: "
-                      "stream-K spreads it")
+                      f"stream-K ({stream_k.tile_m}x{stream_k.tile_n}) spreads it")

@@ -36,7 +36,7 @@ def _problems_of_function(fn, *args, **kwargs) -> list[selection.Problem]:
                 found.append(selection.Problem(
                     x.shape[0], params["n"], x.shape[1], params["out_dtype"],
                     _primitive.operands_of(params["weights"], weights.dtype),
-                    params["activation"]))
+                    params["activation"], params["accumulation"]))
             for value in eqn.params.values():
                 for sub in value if isinstance(value, (tuple, list)) else (value,):
                     inner = getattr(sub, "jaxpr", sub)
@@ -47,12 +47,15 @@ def _problems_of_function(fn, *args, **kwargs) -> list[selection.Problem]:
     return list(dict.fromkeys(found))
 
 
-def _problem_of_call(x, weights, activation: str) -> selection.Problem:
+def _problem_of_call(x, weights, activation: str, accumulation: str) -> selection.Problem:
     m = math.prod(x.shape[:-1])
+    _primitive.check_accumulation(accumulation,
+                                  isinstance(weights, _quantize.QuantizedWeights))
     if isinstance(weights, _quantize.QuantizedWeights):
         return selection.Problem(m, weights.n, weights.k,
                                  _reference.fp8_output_dtype(x.dtype).name,
-                                 _primitive.operands_of("fp8", weights.dtype), activation)
+                                 _primitive.operands_of("fp8", weights.dtype), activation,
+                                 accumulation)
     weights = _layout.as_packed(weights, "packed")
     return selection.Problem(m, weights.n, weights.k, jnp.dtype(x.dtype).name, "16bit",
                              activation)
@@ -63,7 +66,9 @@ def autotune(*args, problems=None, dtype=jnp.bfloat16, kernel: str | None = None
     """Times the candidates for some calls on this GPU and caches the fastest.
 
         jax_swiglu.autotune(x, weights)                # one call (arrays or ShapeDtypeStructs;
-                                                       # PackedWeights or QuantizedWeights)
+                                                       # PackedWeights or QuantizedWeights;
+                                                       # activation=, accumulation= as passed
+                                                       # to swiglu)
         jax_swiglu.autotune(model_fn, params, x)       # every swiglu call model_fn makes
         jax_swiglu.autotune(problems=[(m, n, k), ...], dtype=jnp.bfloat16)
 
@@ -86,7 +91,8 @@ def autotune(*args, problems=None, dtype=jnp.bfloat16, kernel: str | None = None
     elif args and callable(args[0]):
         todo = _problems_of_function(args[0], *args[1:], **kwargs)
     elif len(args) == 2:
-        todo = [_problem_of_call(*args, kwargs.pop("activation", "silu"))]
+        todo = [_problem_of_call(*args, kwargs.pop("activation", "silu"),
+                                 kwargs.pop("accumulation", "promoted"))]
     else:
         raise TypeError("autotune(x, weights), autotune(fn, *args) or autotune(problems=[...])")
 

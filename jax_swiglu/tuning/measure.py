@@ -37,10 +37,14 @@ def candidate_launches(problem: selection.Problem, *, kernel: str | None = None,
     """Every compiled launch that can run ``problem``, each row at each of its split choices;
     ``kernel`` restricts them to one family."""
     launches = []
+    # Under fast accumulation the promoted e4m3 rows run with promotion 0.
+    promotion = (_launch.FAST_ACCUMULATION if problem.accumulation == "fast" else None)
     for row in selection.candidates(problem, kernel):
         if row.optional and not include_optional:
             continue
-        launches += [_launch.Launch(row.id, s) for s in _native.split_choices(row.id, problem.k)]
+        launches += [_launch.Launch(row.id, s, promotion=None if row.fast_accumulation
+                                    else promotion)
+                     for s in _native.split_choices(row.id, problem.k)]
     return launches
 
 
@@ -208,6 +212,7 @@ def time_through_jax(problem: selection.Problem, launches, *, xla: bool = True, 
             iterations)
     for launch in launches:
         compiled = jax.jit(lambda x, w, launch=launch: _api.swiglu(
-            x, w, launch=launch, activation=activation)).lower(*args_list[0]).compile()
+            x, w, launch=launch, activation=activation,
+            accumulation=problem.accumulation)).lower(*args_list[0]).compile()
         results[launch_id(launch)] = cupti_us(compiled, args_list, iterations)
     return results

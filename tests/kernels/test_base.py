@@ -133,6 +133,7 @@ def test_the_selection_on_qwen_shapes(kernel, m, shape, key):
     check(m, *shape, key, kernel=kernel)
 
 
+@pytest.mark.parametrize("accumulation", ["promoted", "fast"])
 @pytest.mark.parametrize("m", [1, 64, 2048])
-def test_fp8_selection(m, key):
-    check(m, 1024, 2816, key, operands="e4m3")
+def test_fp8_selection(m, accumulation, key):
+    check(m, 1024, 2816, key, operands="e4m3", accumulation=accumulation)

@@ -33,6 +33,11 @@ LONG_PROMOTION_OFF_PER_MILLION = 1000.0
 @pytest.mark.parametrize("promotion", [2, 4, 8, 16])
 def test_every_promotion_a_row_takes(config, promotion, key):
     row = [r for r in rows(operands="e4m3") if r.id == config][0]
+    if row.fast_accumulation:
+        with pytest.raises(ValueError, match="fast accumulation"):
+            check(16, 256, 256, key, launch=Launch(config, promotion=promotion),
+                  operands="e4m3")
+        return
     if promotion % (row.tile_k // 32):
         pytest.skip(f"config {config} promotes after whole k tiles of {row.tile_k // 32} wgmma")
     m = 16 if row.m_side == "weights" else 1000
@@ -40,20 +45,33 @@ def test_every_promotion_a_row_takes(config, promotion, key):
           off_per_million=None if promotion <= 4 else LONG_PROMOTION_OFF_PER_MILLION)
 
 
-# Fast accumulation (accumulation="fast", promotion 0): the tensor cores add all of K and
-# promote once. Its outliers are allowed as a long promotion's; the Frobenius bound holds.
+# Fast accumulation (accumulation="fast", promotion 0, and the fast-accumulation rows): the
+# tensor cores add all of K, promoted once if at all; criterion.py's fast allowance, at a
+# deep K too.
 @pytest.mark.parametrize("config", FP8_ROWS)
 @pytest.mark.parametrize("k", [2560, 8192])
 def test_fast_accumulation(config, k, key):
     row = [r for r in rows(operands="e4m3") if r.id == config][0]
     m = 16 if row.m_side == "weights" else 1000
-    check(m, k, 4096, key, launch=Launch(config, promotion=0), operands="e4m3",
-          off_per_million=LONG_PROMOTION_OFF_PER_MILLION)
+    check(m, k, 4096, key, launch=Launch(config, promotion=0), operands="e4m3")
+
+
+def test_a_fast_accumulation_row_needs_the_fast_call(key):
+    """A fast-accumulation row forced on a promoted call is a clear error, not a silently
+    less exact result."""
+    fast_rows = [r.id for r in rows(operands="e4m3") if r.fast_accumulation]
+    if not fast_rows:
+        pytest.skip("no fast-accumulation row in this build")
+    x, q = inputs(key, 64, 256, 256, jnp.dtype(jnp.bfloat16), "e4m3")
+    with pytest.raises(ValueError, match="pass accumulation='fast'"):
+        swiglu(x, q, launch=Launch(fast_rows[0]))
+    assert np.isfinite(np.asarray(swiglu(x, q, launch=Launch(fast_rows[0]),
+                                         accumulation="fast"), np.float32)).all()
 
 
 def test_fast_accumulation_as_a_model_asks_for_it(key):
-    """swiglu(..., accumulation="fast") runs the chosen launch promoting once: the same tiles
-    as the promoted call, within the fast mode's allowance of it."""
+    """swiglu(..., accumulation="fast") as a model calls it: finite, and within the
+    Frobenius bound of the promoted call."""
     x, q = inputs(key, 300, 4096, 2816, jnp.dtype(jnp.bfloat16), "e4m3")
     promoted = np.asarray(jax.jit(lambda x, q: swiglu(x, q))(x, q), np.float32)
     fast = np.asarray(jax.jit(lambda x, q: swiglu(x, q, accumulation="fast"))(x, q), np.float32)
