@@ -10,12 +10,17 @@ the same bf16 weights):
              accumulation (the default)
   fp8_fast   the same with accumulation="fast" (one promotion, after the last k tile)
   fp8_xq     the promoted kernel on x already in fp8 (x_scale given): the kernel alone
+  fp8_fast_xq  the same with accumulation="fast"
   xla_fp8    XLA's own fp8 path on the same quantized weights: the same pre-pass, XLA's
              scaled fp8 dot (cuBLASLt's fp8 GEMM) at default precision, which asks for fast
              accumulation, scales, act(g) * u (jax_swiglu._reference.swiglu_xla_quantized;
              jax_swiglu's own XLA path for fp8 weights is the exact fp32 reference instead)
   xla_fp8_promoted  the same dot at Precision.HIGHEST: cuBLASLt without fast accumulation,
              the like of our promoted kernel
+  xla_fp8_gemm  the bare fp8 GEMM as a peer: XLA's dot of x already in fp8 and the packed
+             e4m3 weights into bfloat16 [M, 2N] at default precision (cuBLASLt's fp8 GEMM
+             kernel alone: no pre-pass, scales or activation), what fp8_xq and fp8_fast_xq
+             are held against
   bf16       jax_swiglu.swiglu on the bf16 packed weights, the selection's launch
 GPU time by CUPTI (the sum of a call's kernels, the pre-pass included), medians over
 interleaved rounds on a rotation of weight sets larger than the L2 (benchmarks/bench_swiglu.py
@@ -70,6 +75,13 @@ def variants():
     def fp8_xq(x, w):
         return jax_swiglu.swiglu(x[1], w[0], x_scale=x[2])
 
+    def fp8_fast_xq(x, w):
+        return jax_swiglu.swiglu(x[1], w[0], x_scale=x[2], accumulation="fast")
+
+    def xla_fp8_gemm(x, w):
+        return jax.lax.dot_general(x[1], w[0].data, (((1,), (1,)), ((), ())),
+                                   preferred_element_type=jnp.bfloat16)
+
     def xla_fp8(x, w):
         return _reference.swiglu_xla_quantized(x[0], w[0], accumulation="fast")
 
@@ -79,12 +91,13 @@ def variants():
     def bf16(x, w):
         return jax_swiglu.swiglu(x[0], w[1])
 
-    return {"fp8": fp8, "fp8_fast": fp8_fast, "fp8_xq": fp8_xq, "xla_fp8": xla_fp8,
-            "xla_fp8_promoted": xla_fp8_promoted, "bf16": bf16}
+    return {"fp8": fp8, "fp8_fast": fp8_fast, "fp8_xq": fp8_xq, "fp8_fast_xq": fp8_fast_xq,
+            "xla_fp8": xla_fp8, "xla_fp8_promoted": xla_fp8_promoted,
+            "xla_fp8_gemm": xla_fp8_gemm, "bf16": bf16}
 
 
 # The variants counted against the spec, each mode apart.
-CHECKED = ("fp8", "fp8_fast", "fp8_xq", "xla_fp8", "xla_fp8_promoted")
+CHECKED = ("fp8", "fp8_fast", "fp8_xq", "fp8_fast_xq", "xla_fp8", "xla_fp8_promoted")
 
 
 def _sets(key, m, k, n):
@@ -124,6 +137,7 @@ def bench_one(model, m, iterations, key, rounds=ROUNDS):
         row["mismatches"][name] = _mismatches(jax.jit(named[name])(xs[0], ws[0]), spec)
     x0 = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
     row["fp8_choice"] = jax_swiglu.explain(x0, ws[0][0])
+    row["fp8_fast_choice"] = jax_swiglu.explain(x0, ws[0][0], accumulation="fast")
     row["bf16_choice"] = jax_swiglu.explain(x0, ws[0][1])
     return row
 
@@ -164,6 +178,13 @@ def targets(rows) -> list[tuple[str, str, bool]]:
         worst = min(speedup(r, "xla_fp8", "fp8_fast") for r in fast)
         out.append(("fp8_fast >= 1.05x XLA's fp8 path (fast accumulation) on every row",
                     f"min {worst:.2f}x over {len(fast)} rows", worst >= 1.05))
+    for ours, mode in (("fp8_xq", "promoted"), ("fp8_fast_xq", "fast")):
+        gemm = [r for r in having("xla_fp8_gemm", ours) if r["m"] >= 1024]
+        if gemm:
+            worst = max(r["gpu_us"][ours] / r["gpu_us"]["xla_fp8_gemm"] for r in gemm)
+            out.append((f"the fused kernel ({mode}, x in fp8) within 1.05x of the bare fp8 "
+                        "GEMM at M >= 1024", f"max {worst:.2f}x over {len(gemm)} rows",
+                        worst <= 1.05))
     if rows:
         worst = min(speedup(r, "xla_fp8") for r in rows)
         out.append(("fp8 (promoted) against XLA's default (fast) fp8 path, every row",
@@ -188,20 +209,25 @@ def markdown(result) -> str:
              f"Tree {env.get('git')}, jax {env.get('jax')}, driver {env.get('driver')}; "
              f"{result['iterations']} calls per "
              f"variant over {result['rounds']} interleaved rounds; CUPTI GPU time per call (us).",
-             "", "| model | M | fp8 | fp8_fast | fp8_xq | xla_fp8 | xla_fp8_promoted | bf16 | "
-             "bf16/fp8 | xla_fp8_promoted/fp8 | xla_fp8/fp8_fast | fp8 TB/s | mismatches | "
-             "fp8 launch |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "", "| model | M | fp8 | fp8_fast | fp8_xq | fp8_fast_xq | xla_fp8 | "
+             "xla_fp8_promoted | xla_fp8_gemm | bf16 | bf16/fp8 | xla_fp8_promoted/fp8 | "
+             "xla_fp8/fp8_fast | fp8_fast_xq/xla_fp8_gemm | fp8 TB/s | mismatches | "
+             "fp8 launch | fp8_fast launch |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+             "---|---|"]
     for r in result["rows"]:
         t = r["gpu_us"]
         launch = r["fp8_choice"].split(": ", 1)[-1]
+        fast_launch = r.get("fp8_fast_choice", "—").split(": ", 1)[-1]
         off = "/".join(str(r["mismatches"].get(name, "—")) for name in CHECKED)
         lines.append(
             f"| {r['model']} | {r['m']} | {t['fp8']:.1f} | {_cell(t, 'fp8_fast')} | "
-            f"{t['fp8_xq']:.1f} | {t['xla_fp8']:.1f} | {_cell(t, 'xla_fp8_promoted')} | "
+            f"{t['fp8_xq']:.1f} | {_cell(t, 'fp8_fast_xq')} | {t['xla_fp8']:.1f} | "
+            f"{_cell(t, 'xla_fp8_promoted')} | {_cell(t, 'xla_fp8_gemm')} | "
             f"{t['bf16']:.1f} | {t['bf16'] / t['fp8']:.2f} | "
             f"{_ratio(t, 'xla_fp8_promoted', 'fp8')} | {_ratio(t, 'xla_fp8', 'fp8_fast')} | "
-            f"{r['fp8_weight_bytes'] / t['fp8'] / 1e6:.2f} | {off} | {launch} |")
+            f"{_ratio(t, 'fp8_fast_xq', 'xla_fp8_gemm')} | "
+            f"{r['fp8_weight_bytes'] / t['fp8'] / 1e6:.2f} | {off} | {launch} | {fast_launch} |")
     lines += ["", "Mismatches: " + " / ".join(CHECKED) + " against the spec.", "",
               "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t} | {v} | {'yes' if ok else 'no'} |" for t, v, ok in targets(result["rows"])]
@@ -242,8 +268,9 @@ def main(argv=None):
             json.dump(result, f, indent=1)
         t = row["gpu_us"]
         print(f"[{i + 1}/{len(rows)}] {model} M={m}: fp8 {t['fp8']:.1f} us (fast "
-              f"{t['fp8_fast']:.1f}, xq {t['fp8_xq']:.1f}), xla_fp8 {t['xla_fp8']:.1f} "
-              f"(promoted {t['xla_fp8_promoted']:.1f}), bf16 {t['bf16']:.1f}; bf16/fp8 "
+              f"{t['fp8_fast']:.1f}, xq {t['fp8_xq']:.1f}, fast xq {t['fp8_fast_xq']:.1f}), "
+              f"xla_fp8 {t['xla_fp8']:.1f} (promoted {t['xla_fp8_promoted']:.1f}, GEMM alone "
+              f"{t['xla_fp8_gemm']:.1f}), bf16 {t['bf16']:.1f}; bf16/fp8 "
               f"{t['bf16'] / t['fp8']:.2f}, xla_fp8_promoted/fp8 "
               f"{t['xla_fp8_promoted'] / t['fp8']:.2f}, xla_fp8/fp8_fast "
               f"{t['xla_fp8'] / t['fp8_fast']:.2f}; mismatches {row['mismatches']}", flush=True)

@@ -11,8 +11,12 @@ then calls each once more between cudaProfilerStart/Stop, so `ncu --profile-from
 sees exactly one call per variant. A launch is "gemm", "auto", or a launch in the text form
 ``swiglu(..., launch=...)`` takes (``explain`` prints it). ``--moe MODEL:TOKENS:ROUTING`` rows
 (benchmarks/bench_moe.py's expert shapes and routings) profile the grouped call the selection
-picks, each grouped row of ``--grouped-launches`` forced, and the dense GEMM of equal FLOPs. scripts/gpu_check.sh (NCU=1) runs
-it under ncu and writes the report's details page as text.
+picks, each grouped row of ``--grouped-launches`` forced, and the dense GEMM of equal FLOPs.
+``--fp8-rows MODEL:M`` rows profile fp8 (e4m3) calls on x already in fp8, the kernel alone:
+"gemm" is XLA's bare fp8 GEMM (cuBLASLt's kernel into bfloat16 [M, 2N]), "auto" and "fast"
+the selection's launch for each accumulation, and a forced launch runs with fast
+accumulation where it is a fast-accumulation row or asks for promotion 0.
+scripts/gpu_check.sh (NCU=1) runs it under ncu and writes the report's details page as text.
 """
 
 from __future__ import annotations
@@ -43,8 +47,12 @@ def main(argv=None):
     parser.add_argument("--moe", nargs="*", default=[],
                         help="MODEL:TOKENS:ROUTING, e.g. qwen3-30b-a3b:4096:balanced")
     parser.add_argument("--grouped-launches", nargs="*", type=int, default=[])
+    parser.add_argument("--fp8-rows", nargs="*", default=[], help="MODEL:M, e.g. llama-3-8b:2048")
     args = parser.parse_args(argv)
     profiler = _DriverProfiler()
+
+    for row in args.fp8_rows:
+        _profile_fp8(row, args.launches, profiler)
 
     for row in args.moe:
         _profile_moe(row, args.grouped_launches, profiler)
@@ -60,6 +68,45 @@ def main(argv=None):
             profiler.start()
             jax.block_until_ready(fn(x, w))
             profiler.stop()
+
+
+def _fp8_variant(launch):
+    """One fp8 call on (x_q, x_scale, quantized weights): the module docstring's forms."""
+    import jax_swiglu
+    from jax_swiglu import _launch
+
+    if launch == "gemm":
+        return lambda x_q, s, q: jax.lax.dot_general(
+            x_q, q.data, (((1,), (1,)), ((), ())), preferred_element_type=jax.numpy.bfloat16)
+    if launch in ("auto", "fast"):
+        accumulation = "fast" if launch == "fast" else "promoted"
+        return lambda x_q, s, q: jax_swiglu.swiglu(x_q, q, x_scale=s, accumulation=accumulation)
+    forced = _launch.parse(launch)
+    accumulation = "fast" if forced.fast_accumulation else "promoted"
+    return lambda x_q, s, q: jax_swiglu.swiglu(x_q, q, x_scale=s, launch=forced,
+                                               accumulation=accumulation)
+
+
+def _profile_fp8(row, launches, profiler):
+    import jax_swiglu
+
+    model, m = row.rsplit(":", 1)
+    k, n = shapes_lib.mlp_shape(model)
+    kx, kg, ku = jax.random.split(jax.random.key(0), 3)
+    w_gate = (jax.random.normal(kg, (k, n)) / np.sqrt(k)).astype(jax.numpy.bfloat16)
+    w_up = (jax.random.normal(ku, (k, n)) / np.sqrt(k)).astype(jax.numpy.bfloat16)
+    q = jax_swiglu.quantize_weights(w_gate, w_up)
+    x = jax.random.normal(kx, (int(m), k)).astype(jax.numpy.bfloat16)
+    x_q, x_scale = jax_swiglu.quantize_tokens(x)
+    compiled = {launch: jax.jit(_fp8_variant(launch)).lower(x_q, x_scale, q).compile()
+                for launch in launches}
+    for fn in compiled.values():
+        jax.block_until_ready(fn(x_q, x_scale, q))
+    for launch, fn in compiled.items():
+        print(f"profiling fp8 {model} M={m} {launch}", flush=True)
+        profiler.start()
+        jax.block_until_ready(fn(x_q, x_scale, q))
+        profiler.stop()
 
 
 def _profile_moe(row, launches, profiler):

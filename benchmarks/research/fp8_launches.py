@@ -1,11 +1,14 @@
 """Every fp8 kernel config and promotion interval on a few shapes, side by side (GPU).
 
     python -m benchmarks.research.fp8_launches --models qwen2.5-7b qwen2.5-72b --m 1 2048
+    python -m benchmarks.research.fp8_launches --promotions 0 ...   # fast accumulation only
 
 For each (model, M) it compiles one function per launch, forced with
 ``swiglu(..., launch="<config>,promotion=<p>")``, on x already in fp8 (the kernel alone),
 and times them in interleaved rounds with CUPTI (benchmarks/bench_swiglu.py's
-measure_side_by_side) beside XLA's fp8 GEMM baseline and the bf16 kernel's auto. It also
+measure_side_by_side) beside XLA's fp8 path, its bare fp8 GEMM and the bf16 kernel's auto.
+Promotion 0 is fast accumulation (accumulation="fast"); a fast-accumulation row runs only
+that. It also
 counts mismatches of every launch against the fp8 spec, so a promotion interval that costs
 accuracy shows. Prints one line per row and writes --out (JSON).
 """
@@ -30,10 +33,10 @@ from ..shapes import mlp_shape
 PROMOTIONS = (2, 4, 8, 16)  # wgmma between promotions: whole k tiles of each row
 
 
-def _compiled(args, launch):
+def _compiled(args, launch, accumulation="promoted"):
     """One fused fp8 launch, compiled, after checking that its lowering runs that launch."""
-    lowered = jax.jit(lambda x_q, s, q: jax_swiglu.swiglu(x_q, q, x_scale=s,
-                                                          launch=launch)).lower(*args)
+    lowered = jax.jit(lambda x_q, s, q: jax_swiglu.swiglu(
+        x_q, q, x_scale=s, launch=launch, accumulation=accumulation)).lower(*args)
     config = launch.split(",")[0]
     if not re.search(rf"\bconfig = {config} : i64", lowered.as_text()):
         raise RuntimeError(f"launch={launch} did not reach the lowering")
@@ -66,13 +69,20 @@ def main(argv=None):
             fp8_args = (x_q, x_scale, q)
             fns = {}
             for config in configs:
+                if table[config].fast_accumulation:  # promotion 0, its only value
+                    fns[f"c{config}fast"] = _compiled(fp8_args, f"{config}", "fast")
+                    continue
                 for promotion in args.promotions:
-                    if promotion % (table[config].tile_k // 32):
+                    if promotion and promotion % (table[config].tile_k // 32):
                         continue  # not a whole number of this config's k tiles
                     fns[f"c{config}p{promotion}"] = _compiled(
-                        fp8_args, f"{config},promotion={promotion}")
+                        fp8_args, f"{config},promotion={promotion}",
+                        "fast" if promotion == 0 else "promoted")
             fns["xla_fp8"] = jax.jit(
                 lambda x_q, s, q: _reference.swiglu_xla_quantized(x_q, q, x_scale=s))
+            # The bare fp8 GEMM (cuBLASLt's kernel alone, into bfloat16 [M, 2N]).
+            fns["xla_fp8_gemm"] = jax.jit(lambda x_q, s, q: jax.lax.dot_general(
+                x_q, q.data, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16))
             bf16 = jax.jit(lambda x, p: jax_swiglu.swiglu(x, p))
             fns["bf16"] = lambda x_q, s, q: bf16(x, packed)
             gpu_ms, _ = measure_side_by_side(fns, fp8_args, args.iterations, 3, wall=False)
@@ -81,7 +91,7 @@ def main(argv=None):
             row = {"model": model, "m": m, "k": k, "n": n,
                    "gpu_us": {name: t * 1e3 for name, t in gpu_ms.items()}, "mismatches": {}}
             for name, fn in fns.items():
-                if name == "bf16":
+                if name in ("bf16", "xla_fp8_gemm"):
                     continue
                 y = np.asarray(fn(*fp8_args), np.float32)
                 row["mismatches"][name] = int(np.sum(~(np.abs(y - spec)
