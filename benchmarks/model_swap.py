@@ -4,6 +4,7 @@ jax_swiglu's fused MLP blocks (jax_swiglu.nn.swap_mlp_blocks).
     python -m benchmarks.model_swap                                    # GPU: Llama-3.2-1B, 3.1-8B
     python -m benchmarks.model_swap --models llama-3.1-8b --layers 8
     python -m benchmarks.model_swap --models llama-3.1-8b --layers 8 --fp8   # fp8 gate/up blocks
+    python -m benchmarks.model_swap --models llama-3.1-8b --layers 8 --fp8 --fp8-down  # all fp8
     python -m benchmarks.model_swap --tiny --out DIR                   # a tiny Llama 3, any device
 
 Needs google-tunix (``tunix.models.llama3``) and flax. Each model is built from tunix's
@@ -24,11 +25,12 @@ against the original computed in float32 (the same weights, cast; --no-f32-refer
 it): the swapped model must be no farther from it than the bf16 original is (times
 F32_MARGIN), the bf16 tolerance that does not depend on the depth. With --fp8 the swap
 quantizes every block's gate and up to e4m3 per channel (swap_mlp_blocks(fp8=True): the fused
-fp8 kernel, the down projection in bf16), and the error against the float32 model is stated,
-not held to that margin (fp8 weights and tokens carry their own). Per call also: the kernel
+fp8 kernel, the down projection in bf16, or with --fp8-down in fp8 too: fp8_down=True), and
+the error against the float32 model is stated, not held to that margin (fp8 weights and
+tokens carry their own). Per call also: the kernel
 the selection picks for one MLP block, and the jax_swiglu custom calls in the lowered HLO.
-Writes <date>-model-swap[-fp8].json and .md to --out, by default benchmarks/results/<device>/ as
-bench_swiglu does.
+Writes <date>-model-swap[-fp8[-down]].json and .md to --out, by default
+benchmarks/results/<device>/ as bench_swiglu does.
 """
 
 from __future__ import annotations
@@ -273,7 +275,8 @@ def bench_model(name: str, args) -> dict:
     original = random_llama3(config, seed=args.seed)
     swapped = nnx.clone(original)  # shares every array until the swap packs gate and up
     swapped_blocks = swap_mlp_blocks(swapped, fp8=args.fp8,
-                                     accumulation=args.accumulation if args.fp8 else "promoted")
+                                     accumulation=args.accumulation if args.fp8 else "promoted",
+                                     fp8_down=args.fp8 and args.fp8_down)
     steps = {"original": Steps(original), "swapped": Steps(swapped)}
     entry = {"model": name, "num_layers": config.num_layers, "embed_dim": config.embed_dim,
              "hidden_dim": config.hidden_dim, "vocab_size": config.vocab_size,
@@ -328,8 +331,9 @@ def markdown(result: dict) -> str:
     env = result["environment"]
     fp8 = result.get("fp8", False)
     accumulation = result.get("accumulation", "promoted")
+    down = "down in e4m3 too" if result.get("fp8_down") else "down in bf16"
     swap = (f"jax_swiglu's fp8 blocks (gate and up in e4m3 per channel, {accumulation} "
-            "accumulation, down in bf16)" if fp8 else "jax_swiglu")
+            f"accumulation, {down})" if fp8 else "jax_swiglu")
     lines = [f"# tunix Llama 3, MLP blocks swapped for {swap} ({env['device']})", "",
              f"{env['date']}, jax {env['jax']}, jax_swiglu {env['jax_swiglu']}, google-tunix "
              f"{result['tunix']}, git {env['git']}; `{env['command']}`", "",
@@ -390,6 +394,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="swap in fp8 blocks (gate and up quantized to e4m3 per channel)")
     parser.add_argument("--accumulation", choices=("promoted", "fast"), default="promoted",
                         help="with --fp8, the fp8 kernel's accumulation (swiglu's accumulation=)")
+    parser.add_argument("--fp8-down", action="store_true",
+                        help="with --fp8, the down projection in e4m3 too (the whole block)")
     parser.add_argument("--note", action="append", default=[],
                         help="a line for the head of the report; repeatable")
     return parser.parse_args(argv)
@@ -415,10 +421,12 @@ def main(argv=None):
     os.makedirs(out, exist_ok=True)
     stem = bench_swiglu.output_stem(out, env["date"][:10],
                                     "-model-swap" + ("-fp8" if args.fp8 else "")
+                                    + ("-down" if args.fp8 and args.fp8_down else "")
                                     + ("-fast" if args.fp8 and args.accumulation == "fast"
                                        else ""))
     result = {"environment": env, "tunix": importlib.metadata.version("google-tunix"),
               "fp8": args.fp8, "accumulation": args.accumulation if args.fp8 else "promoted",
+              "fp8_down": args.fp8 and args.fp8_down,
               "kernels_available": jax_swiglu.kernels_available(),
               "iterations": args.iterations, "rounds": args.rounds,
               "f32_margin": F32_MARGIN, "notes": args.note, "models": []}

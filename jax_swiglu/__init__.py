@@ -5,6 +5,7 @@
     y = jax_swiglu.swiglu(x, packed, activation="gelu_tanh")  # GeGLU (Gemma)
     out = jax_swiglu.fused_mlp(x, packed, w_down)       # ... @ W_down
     q = jax_swiglu.quantize_weights(w_gate, w_up)       # fp8 (e4m3) with fp32 scales
+    out = jax_swiglu.fused_mlp(x, q, jax_swiglu.quantize_down(w_down))  # the block in fp8
 
 Works inside ``jax.jit``; on CUDA each call runs the fused CUTLASS launch the selection
 picks for the call's shapes (``explain`` says which and why; ``launch=`` forces one),
@@ -19,7 +20,8 @@ from ._launch import Launch
 from ._layout import (GATE_UP_BLOCK, PackedExperts, PackedWeights, pack_expert_weights,
                       pack_weights, unpack_expert_weights, unpack_weights)
 from ._native import kernel_configs, kernels_available, unavailable_reason
-from ._quantize import QuantizedWeights, dequantize_weights, quantize_tokens, quantize_weights
+from ._quantize import (QuantizedDown, QuantizedWeights, dequantize_down, dequantize_weights,
+                        quantize_down, quantize_tokens, quantize_weights)
 from ._primitive import swiglu_p
 from ._reference import (ACTIVATION_ALIASES, ACTIVATIONS, swiglu_reference,
                          swiglu_reference_quantized)
@@ -35,9 +37,11 @@ __all__ = [
     "Launch",
     "PackedExperts",
     "PackedWeights",
+    "QuantizedDown",
     "QuantizedWeights",
     "autotune",
     "convert",
+    "dequantize_down",
     "dequantize_weights",
     "explain",
     "explain_grouped",
@@ -49,6 +53,7 @@ __all__ = [
     "kernels_available",
     "pack_expert_weights",
     "pack_weights",
+    "quantize_down",
     "quantize_tokens",
     "quantize_weights",
     "swiglu",

@@ -210,9 +210,13 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
     Args:
       x: ``[..., K]``.
       packed: :class:`PackedWeights` (``K -> N``).
-      w_down: ``[N, K_out]``, same dtype as ``x``.
+      w_down: ``[N, K_out]``, same dtype as ``x``; or :class:`QuantizedDown`
+        (:func:`quantize_down`): the gated activations are then quantized per row and the
+        down projection is XLA's scaled fp8 dot (fast accumulation where ``accumulation``
+        is ``"fast"``), the whole block in fp8 with fp8 ``packed``.
       kernel, launch, activation, x_scale, accumulation: as in :func:`swiglu` (``packed``
-        may be fp8 :class:`QuantizedWeights`; ``w_down`` is then in the call's output dtype).
+        may be fp8 :class:`QuantizedWeights`; a plain ``w_down`` is then in the call's output
+        dtype).
       reduce_dtype: ``None`` (x's dtype) or ``jnp.float32``: the dtype of the down
         projection's result before the cast to x's dtype, so under row parallelism the
         dtype of the partial sums that the all-reduce adds. x's dtype, as a plain XLA model
@@ -224,6 +228,10 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
     if not isinstance(packed, _quantize.QuantizedWeights):
         packed = _layout.as_packed(packed, "packed")
     out_dtype = _reference.fp8_output_dtype(x.dtype)
+    if isinstance(w_down, _quantize.QuantizedDown):
+        return _fp8_down_block(x, packed, w_down, out_dtype, reduce_dtype, kernel=kernel,
+                               launch=launch, activation=activation, x_scale=x_scale,
+                               accumulation=accumulation)
     if not hasattr(w_down, "shape") or w_down.ndim != 2 or w_down.shape[0] != packed.n:
         raise ValueError(
             f"w_down must be [N, K_out] with N={packed.n}, got "
@@ -239,6 +247,26 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
                accumulation=accumulation)
     out = jnp.matmul(y, w_down, preferred_element_type=reduce_dtype,
                      out_sharding=_down_projection_sharding(y, w_down))
+    return out.astype(out_dtype)
+
+
+def _fp8_down_block(x, packed, down, out_dtype, reduce_dtype, *, accumulation, **swiglu_args):
+    """:func:`fused_mlp` with the down projection in fp8 (:class:`QuantizedDown`)."""
+    down.validate()
+    if down.n != packed.n:
+        raise ValueError(f"the quantized down projection contracts N={down.n} features, but the "
+                         f"gate/up weights give N={packed.n}")
+    reduce_dtype = jnp.dtype(out_dtype if reduce_dtype is None else reduce_dtype)
+    if reduce_dtype not in (jnp.dtype(jnp.float32), out_dtype):
+        raise TypeError(f"reduce_dtype must be None (x's dtype, {out_dtype}) or float32, got "
+                        f"{reduce_dtype}")
+    y = swiglu(x, packed, accumulation=accumulation, **swiglu_args)
+    # 16-bit gate/up weights accumulate in fp32: their down projection promotes too.
+    fp8_gate_up = isinstance(packed, _quantize.QuantizedWeights)
+    down_accumulation = accumulation if fp8_gate_up else "promoted"
+    out = _reference.down_projection_quantized(
+        y, down, reduce_dtype=reduce_dtype, accumulation=down_accumulation,
+        out_sharding=_down_projection_sharding(y, down.data.T))
     return out.astype(out_dtype)
 
 

@@ -7,6 +7,11 @@ packed column ``p``: SM90's fp8 wgmma reads both operands K-major), in ``float8_
 ``float8_e5m2``), with fp32 scales, one per packed column (``"per_channel"``) or one for the
 matrix (``"per_tensor"``). A weight is ``data[p, k] * scales[p]``.
 
+:func:`quantize_down` does the same for the down projection ``[N, K_out]``
+(:class:`QuantizedDown`: ``[K_out, N]``, K-major for the GEMM that consumes the gated
+activations, a scale per output channel), so :func:`jax_swiglu.fused_mlp` can run the whole
+block in fp8, the activations quantized per row on the way in.
+
 Tokens are quantized per row (:func:`quantize_tokens`): ``x[m, k] = x_q[m, k] * x_scale[m]``,
 the scale mapping the row's largest magnitude onto the format's largest finite value. Scales
 are plain fp32 arrays beside the fp8 data, as XLA's scaled fp8 dots and qwix keep them.
@@ -206,6 +211,107 @@ def quantize_weights(w_gate, w_up, *, dtype=jnp.float8_e4m3fn,
     scales, inverse = _scales(amax, dtype)
     data = _cast(packed * inverse, dtype).T  # [2 N_pad, K]: K-major
     return QuantizedWeights._wrap(data, scales, n, scale, LAYOUT)
+
+
+@jax.tree_util.register_pytree_node_class
+class QuantizedDown:
+    """The down projection ``w_down [N, K_out]`` in fp8 with fp32 scales, stored K-major for
+    the GEMM that consumes ``h [M, N]``: ``data [K_out, N]`` (row ``o`` holds output channel
+    ``o``'s weights over the N features, the contraction contiguous, as fp8 GEMMs read it) and
+    ``scales [K_out]`` (``"per_channel"``: one per output channel) or ``[]``
+    (``"per_tensor"``). ``w_down[j, o] = data[o, j] * scales[o]``. Build it with
+    :func:`quantize_down`; a pytree with leaves ``data`` and ``scales``, the scale mode
+    static."""
+
+    __slots__ = ("data", "scales", "scale_mode")
+
+    def __init__(self, data: Any, scales: Any, scale_mode: str = "per_channel"):
+        for name, value in (("data", data), ("scales", scales)):
+            if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+                raise TypeError(f"{name} must be an array, got {type(value).__name__}")
+        for name, value in (("data", data), ("scales", scales), ("scale_mode", scale_mode)):
+            object.__setattr__(self, name, value)
+        self.validate()
+
+    @classmethod
+    def _wrap(cls, data, scales, scale_mode) -> QuantizedDown:
+        down = object.__new__(cls)
+        for name, value in (("data", data), ("scales", scales), ("scale_mode", scale_mode)):
+            object.__setattr__(down, name, value)
+        return down
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"QuantizedDown is immutable; cannot set {name!r}")
+
+    def __repr__(self):
+        return (f"QuantizedDown(data={self.data!r}, scales={self.scales!r}, "
+                f"scale_mode={self.scale_mode!r})")
+
+    def tree_flatten(self):
+        return (self.data, self.scales), (self.scale_mode,)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls._wrap(*children, *aux)
+
+    def __reduce__(self):
+        return QuantizedDown._wrap, (self.data, self.scales, self.scale_mode)
+
+    @property
+    def n(self) -> int:
+        """N, the features the projection contracts (the gate/up output columns)."""
+        return self.data.shape[1]
+
+    @property
+    def k_out(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    def validate(self) -> None:
+        """Raises TypeError/ValueError if the arrays do not match the scale mode."""
+        if self.scale_mode not in SCALE_MODES:
+            raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {self.scale_mode!r}")
+        check_fp8_dtype(self.data.dtype, "QuantizedDown data")
+        shape = tuple(self.data.shape)
+        if len(shape) != 2 or 0 in shape:
+            raise ValueError(f"QuantizedDown data must be [K_out, N], got shape {shape}")
+        if jnp.dtype(self.scales.dtype) != jnp.dtype(jnp.float32):
+            raise TypeError(f"QuantizedDown scales must be float32, got {self.scales.dtype}")
+        expected = (shape[0],) if self.scale_mode == "per_channel" else ()
+        if tuple(self.scales.shape) != expected:
+            raise ValueError(f"QuantizedDown scales ({self.scale_mode}) must have shape "
+                             f"{expected}, got {tuple(self.scales.shape)}")
+
+
+def quantize_down(w_down, *, dtype=jnp.float8_e4m3fn, scale: str = "per_channel") -> QuantizedDown:
+    """Quantizes the down projection ``w_down [N, K_out]`` to fp8 once, at load time, for
+    :func:`jax_swiglu.fused_mlp` (``dtype`` and ``scale`` as in :func:`quantize_weights`,
+    per output channel by default)."""
+    dtype = check_fp8_dtype(dtype, "dtype")
+    if scale not in SCALE_MODES:
+        raise ValueError(f"scale must be one of {SCALE_MODES}, got {scale!r}")
+    if not hasattr(w_down, "shape") or w_down.ndim != 2:
+        raise ValueError(f"w_down must be a [N, K_out] array, got "
+                         f"{tuple(getattr(w_down, 'shape', ())) or type(w_down).__name__}")
+    if not jnp.issubdtype(w_down.dtype, jnp.floating) or jnp.dtype(w_down.dtype) in FP8_DTYPES:
+        raise TypeError(f"w_down must be a bf16/f16/f32 array to quantize, got {w_down.dtype}")
+    w = jnp.asarray(w_down, jnp.float32)
+    amax = jnp.max(jnp.abs(w), axis=0 if scale == "per_channel" else None)
+    scales, inverse = _scales(amax, dtype)
+    return QuantizedDown._wrap(_cast(w * inverse, dtype).T, scales, scale)  # [K_out, N]
+
+
+def dequantize_down(down: QuantizedDown):
+    """``w_down [N, K_out]`` fp32: the values the quantized down projection stands for."""
+    if not isinstance(down, QuantizedDown):
+        raise TypeError(f"down must be QuantizedDown from jax_swiglu.quantize_down, got "
+                        f"{type(down).__name__}")
+    down.validate()
+    scales = down.scales[:, None] if down.scales.ndim else down.scales
+    return (down.data.astype(jnp.float32) * scales).T
 
 
 def dequantize_weights(weights: QuantizedWeights):

@@ -250,6 +250,36 @@ def swiglu_reference_quantized_operands(x_q, x_scale, data, scales, *, n: int, a
     return gated(gate, up, activation).astype(out_dtype)
 
 
+def down_projection_quantized(h, down, *, reduce_dtype, accumulation: str = "promoted",
+                              out_sharding=None):
+    """The down projection of a block in fp8 (:func:`jax_swiglu.fused_mlp` with
+    :class:`~jax_swiglu.QuantizedDown`): ``h [..., N]`` (the gated activations, in the call's
+    dtype) quantized per row as x is (:func:`jax_swiglu.quantize_tokens`), one scaled fp8 dot
+    with ``down.data [K_out, N]`` into fp32 (XLA's fp8 GEMM on Hopper, both operands K-major:
+    at default precision it asks for fast accumulation, at ``Precision.HIGHEST`` for promoted
+    sums, as ``accumulation`` says), both scales applied in fp32, the result in
+    ``reduce_dtype``."""
+    h_q, h_scale = _quantize.quantize_tokens(h, down.dtype)
+    precision = jax.lax.Precision.HIGHEST if accumulation == "promoted" else None
+    product = jax.lax.dot_general(h_q, down.data, (((h_q.ndim - 1,), (1,)), ((), ())),
+                                  precision=precision, preferred_element_type=jnp.float32,
+                                  out_sharding=out_sharding)
+    return (product * h_scale[..., None] * down.scales).astype(reduce_dtype)
+
+
+def fused_mlp_reference_quantized(x, weights, down, *, activation: str = "silu"):
+    """The spec of a whole fp8 block: :func:`swiglu_reference_quantized`, its result (rounded
+    to the call's dtype, as the fused kernel stores it) quantized per row, and the down
+    projection in fp32 math on the dequantized values, rounded once."""
+    h = swiglu_reference_quantized(x, weights, activation=activation)
+    h_q, h_scale = _quantize.quantize_tokens(h, down.dtype)
+    h_f32 = h_q.astype(jnp.float32) * h_scale[..., None]
+    w_down = _quantize.dequantize_down(down)
+    h_f32, w_down = jax.lax.optimization_barrier((h_f32, w_down))
+    out = jnp.matmul(h_f32, w_down, precision=jax.lax.Precision.HIGHEST)
+    return out.astype(fp8_output_dtype(x.dtype))
+
+
 def swiglu_xla_quantized(x, weights, *, x_scale=None, activation: str = "silu",
                          accumulation: str = "fast"):
     """What a user would write in plain XLA for fp8 weights, the benchmarks' baseline: one

@@ -364,3 +364,25 @@ def test_fp8_module_is_the_fp8_spec_then_the_down_dot(key, scale):
     np.testing.assert_array_equal(nnx.jit(lambda m, x: m(x))(fast, x), out)
     with pytest.raises(ValueError, match="accumulation must be one of"):
         swiglu_nn.Fp8SwiGLUMLP.quantize(mlp, accumulation="exact")
+
+
+def test_fp8_module_with_the_down_projection_in_fp8_is_the_whole_block(key):
+    """quantize(down=True): the down projection stored in fp8 too (no bf16 Param left), the
+    block exactly fused_mlp on the stored QuantizedWeights and QuantizedDown."""
+    mlp = swiglu_nn.SwiGLUMLP(128, 96, rngs=nnx.Rngs(0))
+    fp8 = swiglu_nn.Fp8SwiGLUMLP.quantize(mlp, down=True)
+    assert fp8.down_data[...].dtype == jnp.float8_e4m3fn
+    assert fp8.down_data[...].shape == (128, 96) and fp8.down_scales[...].shape == (128,)
+    assert not nnx.state(fp8, nnx.Param)  # every weight quantized: nothing to train
+    down = fp8.down_weights()
+    assert isinstance(down, jax_swiglu.QuantizedDown)
+    x = random_x(key, (2, 5, 128))
+    out = nnx.jit(lambda m, x: m(x))(fp8, x)
+    np.testing.assert_array_equal(out, jax_swiglu.fused_mlp(x, fp8.quantized_weights(), down))
+    bf16 = np.asarray(mlp(x), np.float32)
+    assert np.linalg.norm(np.asarray(out, np.float32) - bf16) / np.linalg.norm(bf16) < 0.1
+    with pytest.raises(TypeError, match="down must be True or False"):
+        swiglu_nn.Fp8SwiGLUMLP.quantize(mlp, down="yes")
+    with pytest.raises(ValueError, match="quantized down projection"):
+        swiglu_nn.Fp8SwiGLUMLP(fp8.quantized_weights(), jax_swiglu.quantize_down(
+            jnp.ones((64, 128))))

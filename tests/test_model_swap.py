@@ -167,6 +167,15 @@ def test_swap_to_fp8_blocks(key, scale):
     # 2^-5 on average), each of the three blocks adds its own, and the residual stream keeps
     # the input: a few percent, well under 2^-4 x 3 layers.
     assert 0 < relative_fro(after, before) <= 0.08
+    whole = decoder(64, 200)
+    assert swap_mlp_blocks(whole, fp8=True, fp8_scale=scale, fp8_down=True) == 3
+    for layer, kernels in zip(whole.layers, originals):
+        down = jax_swiglu.quantize_down(kernels["down_proj"], scale=scale)
+        np.testing.assert_array_equal(layer.mlp.down_data[...], down.data)
+        assert layer.mlp.down_weights().scale_mode == scale
+    assert 0 < relative_fro(whole(x), before) <= 0.12  # one more fp8 step per block
+    with pytest.raises(ValueError, match="pass fp8=True too"):
+        swap_mlp_blocks(decoder(64, 200), fp8_down=True)
     fast = decoder(64, 200)
     assert swap_mlp_blocks(fast, fp8=True, fp8_scale=scale, accumulation="fast") == 3
     assert all(layer.mlp.accumulation == "fast" for layer in fast.layers)

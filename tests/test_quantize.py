@@ -19,7 +19,7 @@ import jax_swiglu
 from jax_swiglu import (QuantizedWeights, dequantize_weights, pack_weights, quantize_tokens,
                         quantize_weights, swiglu, swiglu_reference_quantized)
 
-from jax_swiglu import selection
+from jax_swiglu import _reference, selection
 
 from helpers import random_weights, random_x, requires_kernels
 
@@ -398,3 +398,88 @@ def test_a_fast_accumulation_row_runs_only_fast_calls():
     assert wide in selection.candidates(problem("fast"))
     assert wide not in selection.candidates(problem("promoted"))
     assert problem("fast").data_dtype != problem("promoted").data_dtype  # own autotune entries
+
+
+# --- the down projection in fp8 (the whole block) ----------------------------------------
+
+def _down(key, n, k_out, scale="per_channel"):
+    w_down = jax.random.normal(key, (n, k_out), jnp.float32) / np.sqrt(n)
+    return w_down, jax_swiglu.quantize_down(w_down, scale=scale)
+
+
+@pytest.mark.parametrize("scale", ["per_channel", "per_tensor"])
+def test_quantize_down_is_k_major_with_a_scale_per_output_channel(key, scale):
+    w_down, down = _down(key, 96, 64, scale)
+    assert down.data.shape == (64, 96) and down.data.dtype == jnp.float8_e4m3fn
+    assert down.scales.shape == ((64,) if scale == "per_channel" else ())
+    assert (down.n, down.k_out, down.scale_mode) == (96, 64, scale)
+    back = np.asarray(jax_swiglu.dequantize_down(down))
+    # e4m3 keeps 3 mantissa bits: each weight within 2^-4 of its channel's largest.
+    amax = np.abs(np.asarray(w_down)).max(axis=0 if scale == "per_channel" else None)
+    assert np.all(np.abs(back - np.asarray(w_down)) <= amax / 16 + 1e-7)
+    leaves, tree = jax.tree_util.tree_flatten(down)
+    again = jax.tree_util.tree_unflatten(tree, leaves)
+    assert isinstance(again, jax_swiglu.QuantizedDown) and again.scale_mode == scale
+    assert copy.deepcopy(down).data.shape == (64, 96)
+    with pytest.raises(AttributeError, match="immutable"):
+        down.scales = down.scales
+
+
+def test_quantize_down_refuses_what_it_cannot_quantize(key):
+    with pytest.raises(ValueError, match=r"\[N, K_out\]"):
+        jax_swiglu.quantize_down(jnp.zeros((4, 4, 4)))
+    with pytest.raises(TypeError, match="to quantize"):
+        jax_swiglu.quantize_down(jnp.zeros((8, 8), jnp.float8_e4m3fn))
+    with pytest.raises(ValueError, match="scale must be one of"):
+        jax_swiglu.quantize_down(jnp.zeros((8, 8)), scale="per_row")
+    _, down = _down(key, 16, 8)
+    with pytest.raises(ValueError, match="must have shape"):
+        jax_swiglu.QuantizedDown(down.data, down.scales[:4])
+    with pytest.raises(TypeError, match="float32"):
+        jax_swiglu.QuantizedDown(down.data, down.scales.astype(jnp.bfloat16))
+    with pytest.raises(TypeError, match="float8"):
+        jax_swiglu.QuantizedDown(down.data.astype(jnp.bfloat16), down.scales)
+
+
+@pytest.mark.parametrize("scale", ["per_channel", "per_tensor"])
+def test_fused_mlp_with_the_down_projection_in_fp8_is_the_whole_fp8_spec(key, scale):
+    """The block in fp8: the gated activations quantized per row, the down dot on the fp8
+    values, both scales applied in fp32: the spec (fused_mlp_reference_quantized) within its
+    1 % + 1e-3 on every element, jitted or not, in x's dtype or reduced in float32."""
+    kx, kw, kd = jax.random.split(key, 3)
+    x = random_x(kx, (3, 11, 256))
+    q = quantize_weights(*random_weights(kw, 256, 192, jnp.float32), scale=scale)
+    _, down = _down(kd, 192, 256, scale)
+    spec = np.asarray(_reference.fused_mlp_reference_quantized(x, q, down), np.float32)
+    for out in (jax_swiglu.fused_mlp(x, q, down), jax.jit(jax_swiglu.fused_mlp)(x, q, down),
+                jax_swiglu.fused_mlp(x, q, down, reduce_dtype=jnp.float32)):
+        assert out.shape == (3, 11, 256) and out.dtype == jnp.bfloat16
+        got = np.asarray(out, np.float32)
+        assert np.all(np.abs(got - spec) <= 0.01 * np.abs(spec) + 1e-3)
+    # 16-bit gate/up weights with an fp8 down projection run too.
+    w_gate, w_up = random_weights(kw, 256, 192)
+    mixed = jax_swiglu.fused_mlp(x, pack_weights(w_gate, w_up), down)
+    assert mixed.shape == (3, 11, 256) and mixed.dtype == jnp.bfloat16
+    with pytest.raises(ValueError, match="contracts N=192"):
+        jax_swiglu.fused_mlp(x, quantize_weights(*random_weights(kw, 256, 128, jnp.float32)),
+                             down)
+    with pytest.raises(TypeError, match="reduce_dtype"):
+        jax_swiglu.fused_mlp(x, q, down, reduce_dtype=jnp.float16)
+
+
+def test_the_fp8_down_projection_lowers_to_one_fp8_dot(key):
+    """For CUDA the down projection is one dot of fp8 operands into fp32 (XLA's fp8 GEMM),
+    at HIGHEST precision for promoted sums and default precision for fast accumulation."""
+    q = quantize_weights(*random_weights(key, 256, 192, jnp.float32))
+    _, down = _down(key, 192, 256)
+    x = jax.ShapeDtypeStruct((64, 256), jnp.bfloat16)
+
+    def down_dots(accumulation):
+        text = jax.jit(lambda x, q, d: jax_swiglu.fused_mlp(x, q, d, accumulation=accumulation)
+                       ).trace(x, q, down).lower(lowering_platforms=("cuda",)).as_text()
+        return [line for line in text.splitlines() if "dot_general" in line
+                and "tensor<64x192xf8E4M3FN>" in line and "tensor<256x192xf8E4M3FN>" in line]
+
+    [promoted] = down_dots("promoted")
+    [fast] = down_dots("fast")
+    assert "HIGHEST" in promoted and "HIGHEST" not in fast

@@ -432,22 +432,27 @@ class Fp8SwiGLUMLP(nnx.Module):
     """The gated MLP block with gate and up in fp8 (:func:`jax_swiglu.quantize_weights`),
     through :func:`jax_swiglu.fused_mlp`: on an SM90 GPU the fused fp8 kernel (x quantized per
     row first), elsewhere the XLA path (the fp8 spec's fp32 math on the dequantized values).
-    The down projection stays in ``dtype``. :func:`swap_mlp_blocks` with ``fp8=True`` swaps a
-    model's blocks for these.
+    The down projection stays in ``dtype``, or with ``down`` a
+    :class:`jax_swiglu.QuantizedDown` (:meth:`quantize` with ``down=True``) runs in fp8 too:
+    the whole block in fp8. :func:`swap_mlp_blocks` with ``fp8=True`` swaps a model's blocks
+    for these.
 
     Build it from a bf16 block with :meth:`quantize`. State:
 
     * ``gate_up_data``   [2*N_pad, K] fp8 (:class:`QuantizedParam`): the packed order,
       K-major;
     * ``gate_up_scales`` [2*N_pad] or [] fp32 (:class:`QuantizedParam`);
-    * ``down_proj.kernel`` [N, K] in ``dtype``, ``('mlp', 'embed')``.
+    * ``down_proj.kernel`` [N, K] in ``dtype``, ``('mlp', 'embed')``; or, the down projection
+      in fp8, ``down_data`` [K, N] fp8 and ``down_scales`` [K] or [] fp32
+      (:class:`QuantizedParam`).
 
     Outputs match :func:`jax_swiglu.swiglu_reference_quantized` (the fp8 spec) followed by the
-    down dot, not the bf16 block: fp8 weights and tokens carry a few percent of error each.
-    ``accumulation`` is :func:`jax_swiglu.swiglu`'s (``"promoted"`` or ``"fast"``).
+    down dot (in fp8: :func:`jax_swiglu.fused_mlp`'s), not the bf16 block: fp8 weights and
+    tokens carry a few percent of error each. ``accumulation`` is :func:`jax_swiglu.swiglu`'s
+    (``"promoted"`` or ``"fast"``), the fp8 down projection's too.
     """
 
-    def __init__(self, weights, down: jax.Array, *, dtype=jnp.bfloat16, kernel: str = "auto",
+    def __init__(self, weights, down, *, dtype=jnp.bfloat16, kernel: str = "auto",
                  activation: str = "silu", accumulation: str = "promoted"):
         from .. import _quantize
         weights = _quantize.as_quantized(weights, "weights")
@@ -455,13 +460,24 @@ class Fp8SwiGLUMLP(nnx.Module):
         _common.check_kernel_dtype(dtype)
         selection.check_kernel_name(kernel)
         _common.check_activation(activation)
-        down = jnp.asarray(down)
-        if down.shape != (weights.n, weights.k):
-            raise ValueError(f"down must have shape {(weights.n, weights.k)}, got "
-                             f"{tuple(down.shape)}")
         self.gate_up_data = QuantizedParam(weights.data)
         self.gate_up_scales = QuantizedParam(weights.scales)
-        self.down_proj = Projection(down.astype(dtype), _common.DOWN_AXES)
+        if isinstance(down, _quantize.QuantizedDown):
+            down.validate()
+            if (down.n, down.k_out) != (weights.n, weights.k):
+                raise ValueError(f"the quantized down projection is [N={down.n}, "
+                                 f"K={down.k_out}], but the block needs "
+                                 f"{(weights.n, weights.k)}")
+            self.down_data = QuantizedParam(down.data)
+            self.down_scales = QuantizedParam(down.scales)
+            self.down_scale_mode = down.scale_mode
+        else:
+            down = jnp.asarray(down)
+            if down.shape != (weights.n, weights.k):
+                raise ValueError(f"down must have shape {(weights.n, weights.k)}, got "
+                                 f"{tuple(down.shape)}")
+            self.down_proj = Projection(down.astype(dtype), _common.DOWN_AXES)
+            self.down_scale_mode = None
         self.hidden_size = weights.k
         self.intermediate_size = weights.n
         self.scale_mode = weights.scale_mode
@@ -473,9 +489,11 @@ class Fp8SwiGLUMLP(nnx.Module):
     @classmethod
     def quantize(cls, mlp: SwiGLUMLP | FusedSwiGLUMLP, *, dtype=jnp.float8_e4m3fn,
                  scale: str = "per_channel", kernel: str = "auto",
-                 accumulation: str = "promoted") -> Fp8SwiGLUMLP:
+                 accumulation: str = "promoted", down: bool = False) -> Fp8SwiGLUMLP:
         """``mlp``'s block with gate and up quantized once (``dtype`` and ``scale`` as in
-        :func:`jax_swiglu.quantize_weights`); keeps its computation dtype and activation."""
+        :func:`jax_swiglu.quantize_weights`), and with ``down`` the down projection too
+        (:func:`jax_swiglu.quantize_down`, a scale per output channel or one as ``scale``
+        says); keeps its computation dtype and activation."""
         from .. import _quantize
         if isinstance(mlp, FusedSwiGLUMLP):
             mlp = mlp.to_unfused()
@@ -484,7 +502,12 @@ class Fp8SwiGLUMLP(nnx.Module):
                             f"{type(mlp).__name__}")
         weights = _quantize.quantize_weights(mlp.gate_proj.kernel[...], mlp.up_proj.kernel[...],
                                              dtype=dtype, scale=scale)
-        return cls(weights, mlp.down_proj.kernel[...], dtype=mlp.dtype, kernel=kernel,
+        if not isinstance(down, bool):
+            raise TypeError(f"down must be True or False, got {down!r}")
+        down_weights = mlp.down_proj.kernel[...]
+        if down:
+            down_weights = _quantize.quantize_down(down_weights, dtype=dtype, scale=scale)
+        return cls(weights, down_weights, dtype=mlp.dtype, kernel=kernel,
                    activation=mlp.activation, accumulation=accumulation)
 
     def quantized_weights(self):
@@ -500,10 +523,19 @@ class Fp8SwiGLUMLP(nnx.Module):
                             activation=self.activation, platform=platform,
                             accumulation=self.accumulation)
 
+    def down_weights(self):
+        """The stored down projection: a :class:`jax_swiglu.QuantizedDown`, or ``[N, K]`` in
+        ``dtype``."""
+        from .. import _quantize
+        if self.down_scale_mode is None:
+            return self.down_proj.kernel[...]
+        return _quantize.QuantizedDown(self.down_data[...], self.down_scales[...],
+                                       self.down_scale_mode)
+
     def __call__(self, x: jax.Array) -> jax.Array:
         """``[..., K] -> [..., K]`` in ``dtype``."""
         return _api.fused_mlp(jnp.asarray(x).astype(self.dtype), self.quantized_weights(),
-                              self.down_proj.kernel[...], kernel=self.kernel,
+                              self.down_weights(), kernel=self.kernel,
                               activation=self.activation, accumulation=self.accumulation)
 
 

@@ -144,10 +144,12 @@ def _check(block: _Block, activation: str, dtype) -> None:
 
 
 def _convert(block: _Block, kernel: str, activation: str, fp8_scale: str | None,
-             accumulation: str) -> FusedSwiGLUMLP | Fp8SwiGLUMLP:
+             accumulation: str, fp8_down: bool = False) -> FusedSwiGLUMLP | Fp8SwiGLUMLP:
     gate, up, down = (getattr(block.module, name).kernel[...] for name in PROJECTIONS)
     if fp8_scale is not None:
         weights = _quantize.quantize_weights(gate, up, scale=fp8_scale)
+        if fp8_down:
+            down = _quantize.quantize_down(down, scale=fp8_scale)
         return Fp8SwiGLUMLP(weights, down, dtype=block.dtype, kernel=kernel,
                             activation=activation, accumulation=accumulation)
     unfused = {name: {"kernel": w} for name, w in zip(PROJECTIONS, (gate, up, down))}
@@ -164,7 +166,7 @@ def _replace(parent, key, new) -> None:
 
 def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str = "silu",
                     dtype=None, fp8: bool = False, fp8_scale: str = "per_channel",
-                    accumulation: str = "promoted") -> int:
+                    accumulation: str = "promoted", fp8_down: bool = False) -> int:
     """Replaces, in place, every gated MLP block of ``model`` by a :class:`FusedSwiGLUMLP`
     (or, with ``fp8``, an :class:`Fp8SwiGLUMLP`).
 
@@ -193,12 +195,14 @@ def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str 
       fp8: quantize each block's gate and up once to ``float8_e4m3fn``
         (:func:`jax_swiglu.quantize_weights`) and swap in an :class:`Fp8SwiGLUMLP`: the fused
         fp8 kernel on an SM90 GPU, x quantized per row on each call; the down projection
-        stays in ``dtype``. The model then matches the fp8 spec, not the original: fp8
-        weights and tokens carry a few percent of error each.
-      fp8_scale: with ``fp8``, ``"per_channel"`` (a scale per gate/up column) or
-        ``"per_tensor"``, as in :func:`jax_swiglu.quantize_weights`.
+        stays in ``dtype`` unless ``fp8_down``. The model then matches the fp8 spec, not the
+        original: fp8 weights and tokens carry a few percent of error each.
+      fp8_scale: with ``fp8``, ``"per_channel"`` (a scale per gate/up column and per down
+        output channel) or ``"per_tensor"``, as in :func:`jax_swiglu.quantize_weights`.
       accumulation: with ``fp8``, ``"promoted"`` or ``"fast"``, as in
         :func:`jax_swiglu.swiglu`.
+      fp8_down: with ``fp8``, the down projection in fp8 too (:func:`jax_swiglu.quantize_down`:
+        the gated activations quantized per row, XLA's scaled fp8 dot): the whole block.
 
     Returns:
       The number of blocks replaced.
@@ -216,6 +220,11 @@ def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str 
         raise TypeError(f"fp8 must be True or False, got {fp8!r}")
     if fp8 and fp8_scale not in _quantize.SCALE_MODES:
         raise ValueError(f"fp8_scale must be one of {_quantize.SCALE_MODES}, got {fp8_scale!r}")
+    if not isinstance(fp8_down, bool):
+        raise TypeError(f"fp8_down must be True or False, got {fp8_down!r}")
+    if fp8_down and not fp8:
+        raise ValueError("fp8_down=True quantizes the down projection of fp8 blocks: pass "
+                         "fp8=True too")
     _primitive.check_accumulation(accumulation, fp8)
     if not isinstance(model, nnx.Module):
         raise TypeError(f"swap_mlp_blocks takes an nnx.Module, got {type(model).__name__}")
@@ -228,7 +237,8 @@ def swap_mlp_blocks(model: nnx.Module, *, kernel: str = "auto", activation: str 
         _check(block, activation, dtype)
     # One at a time, so the old block's weights can go before the next is packed.
     for block in blocks:
-        fused = _convert(block, kernel, activation, fp8_scale if fp8 else None, accumulation)
+        fused = _convert(block, kernel, activation, fp8_scale if fp8 else None, accumulation,
+                         fp8_down)
         for parent, key in block.references:
             _replace(parent, key, fused)
         block.module = None
