@@ -22,6 +22,10 @@ the same bf16 weights):
              kernel alone: no pre-pass, scales or activation), what fp8_xq and fp8_fast_xq
              are held against
   bf16       jax_swiglu.swiglu on the bf16 packed weights, the selection's launch
+  fp8_mlp    the whole block in fp8: jax_swiglu.fused_mlp(x, quantized, quantize_down(w_down))
+             (the fused fp8 kernel, its output quantized per row, XLA's scaled fp8 dot)
+  bf16_mlp   the whole block in bf16: jax_swiglu.fused_mlp(x, packed, w_down)
+(--no-mlp leaves the two blocks out.)
 GPU time by CUPTI (the sum of a call's kernels, the pre-pass included), medians over
 interleaved rounds on a rotation of weight sets larger than the L2 (benchmarks/bench_swiglu.py
 does the same for bf16). Per row also the fp8 weight stream (K * 2N bytes over the time) and
@@ -65,7 +69,7 @@ SMALL = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "llama-3.2-1b", "qwen3-1.
 LARGE_BF16_BYTES = 100e6
 
 
-def variants():
+def variants(mlp: bool = True):
     def fp8(x, w):
         return jax_swiglu.swiglu(x[0], w[0])
 
@@ -91,9 +95,18 @@ def variants():
     def bf16(x, w):
         return jax_swiglu.swiglu(x[0], w[1])
 
-    return {"fp8": fp8, "fp8_fast": fp8_fast, "fp8_xq": fp8_xq, "fp8_fast_xq": fp8_fast_xq,
-            "xla_fp8": xla_fp8, "xla_fp8_promoted": xla_fp8_promoted,
-            "xla_fp8_gemm": xla_fp8_gemm, "bf16": bf16}
+    def fp8_mlp(x, w):
+        return jax_swiglu.fused_mlp(x[0], w[0], w[3])
+
+    def bf16_mlp(x, w):
+        return jax_swiglu.fused_mlp(x[0], w[1], w[2])
+
+    named = {"fp8": fp8, "fp8_fast": fp8_fast, "fp8_xq": fp8_xq, "fp8_fast_xq": fp8_fast_xq,
+             "xla_fp8": xla_fp8, "xla_fp8_promoted": xla_fp8_promoted,
+             "xla_fp8_gemm": xla_fp8_gemm, "bf16": bf16}
+    if mlp:
+        named.update(fp8_mlp=fp8_mlp, bf16_mlp=bf16_mlp)
+    return named
 
 
 # The variants counted against the spec, each mode apart.
@@ -101,18 +114,21 @@ CHECKED = ("fp8", "fp8_fast", "fp8_xq", "fp8_fast_xq", "xla_fp8", "xla_fp8_promo
 
 
 def _sets(key, m, k, n):
-    bytes_per_set = k * 2 * n * 3 + 2 * m * (k + n)  # fp8 and bf16 weights, x, out
+    # fp8 and bf16 gate/up and down weights, x, out
+    bytes_per_set = k * 2 * n * 3 + k * n * 3 + 2 * m * (k + n)
     count = max(1, min(MAX_SETS, math.ceil(ROTATION_BYTES / bytes_per_set)))
     xs, ws = [], []
     for i in range(count):
-        kx, kg, ku = jax.random.split(jax.random.fold_in(key, i), 3)
+        kx, kg, ku, kd = jax.random.split(jax.random.fold_in(key, i), 4)
         x = jax.random.normal(kx, (m, k), jnp.float32).astype(jnp.bfloat16)
         w_gate = (jax.random.normal(kg, (k, n), jnp.float32) / math.sqrt(k)).astype(jnp.bfloat16)
         w_up = (jax.random.normal(ku, (k, n), jnp.float32) / math.sqrt(k)).astype(jnp.bfloat16)
+        w_down = (jax.random.normal(kd, (n, k), jnp.float32) / math.sqrt(n)).astype(jnp.bfloat16)
         x_q, x_scale = jax_swiglu.quantize_tokens(x)
         xs.append((x, x_q, x_scale))
         ws.append((jax_swiglu.quantize_weights(w_gate, w_up),
-                   jax_swiglu.pack_weights(w_gate, w_up)))
+                   jax_swiglu.pack_weights(w_gate, w_up), w_down,
+                   jax_swiglu.quantize_down(w_down)))
     return xs, ws
 
 
@@ -121,11 +137,11 @@ def _mismatches(y, r) -> int:
     return int(np.sum(~(np.abs(y - r) <= 0.01 * np.abs(r) + 1e-3)))
 
 
-def bench_one(model, m, iterations, key, rounds=ROUNDS):
+def bench_one(model, m, iterations, key, rounds=ROUNDS, mlp=True):
     k, n = shapes_lib.mlp_shape(model)
     xs, ws = _sets(key, m, k, n)
     count = len(xs)
-    named = variants()
+    named = variants(mlp)
     fns = {name: jax.jit(lambda xs, ws, v=v: [v(x, w) for x, w in zip(xs, ws)])
            for name, v in named.items()}
     gpu_ms, _ = measure_side_by_side(fns, (xs, ws), iterations, rounds, wall=False)
@@ -135,6 +151,10 @@ def bench_one(model, m, iterations, key, rounds=ROUNDS):
     spec = jax_swiglu.swiglu_reference_quantized(xs[0][0], ws[0][0])
     for name in CHECKED:
         row["mismatches"][name] = _mismatches(jax.jit(named[name])(xs[0], ws[0]), spec)
+    if mlp:  # the whole fp8 block against its own spec
+        row["mismatches"]["fp8_mlp"] = _mismatches(
+            jax.jit(named["fp8_mlp"])(xs[0], ws[0]),
+            _reference.fused_mlp_reference_quantized(xs[0][0], ws[0][0], ws[0][3]))
     x0 = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
     row["fp8_choice"] = jax_swiglu.explain(x0, ws[0][0])
     row["fp8_fast_choice"] = jax_swiglu.explain(x0, ws[0][0], accumulation="fast")
@@ -178,6 +198,11 @@ def targets(rows) -> list[tuple[str, str, bool]]:
         worst = min(speedup(r, "xla_fp8", "fp8_fast") for r in fast)
         out.append(("fp8_fast >= 1.05x XLA's fp8 path (fast accumulation) on every row",
                     f"min {worst:.2f}x over {len(fast)} rows", worst >= 1.05))
+    blocks = [r for r in having("fp8_mlp", "bf16_mlp") if r["m"] >= 2048]
+    if blocks:
+        worst = min(speedup(r, "bf16_mlp", "fp8_mlp") for r in blocks)
+        out.append(("whole fp8 MLP >= 1.5x our bf16 fused_mlp at M >= 2048",
+                    f"min {worst:.2f}x over {len(blocks)} rows", worst >= 1.5))
     for ours, mode in (("fp8_xq", "promoted"), ("fp8_fast_xq", "fast")):
         gemm = [r for r in having("xla_fp8_gemm", ours) if r["m"] >= 1024]
         if gemm:
@@ -211,24 +236,28 @@ def markdown(result) -> str:
              f"variant over {result['rounds']} interleaved rounds; CUPTI GPU time per call (us).",
              "", "| model | M | fp8 | fp8_fast | fp8_xq | fp8_fast_xq | xla_fp8 | "
              "xla_fp8_promoted | xla_fp8_gemm | bf16 | bf16/fp8 | xla_fp8_promoted/fp8 | "
-             "xla_fp8/fp8_fast | fp8_fast_xq/xla_fp8_gemm | fp8 TB/s | mismatches | "
-             "fp8 launch | fp8_fast launch |",
+             "xla_fp8/fp8_fast | fp8_fast_xq/xla_fp8_gemm | fp8_mlp | bf16_mlp | "
+             "bf16_mlp/fp8_mlp | fp8 TB/s | mismatches | fp8 launch | fp8_fast launch |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-             "---|---|"]
+             "---:|---:|---:|---|---|"]
     for r in result["rows"]:
         t = r["gpu_us"]
         launch = r["fp8_choice"].split(": ", 1)[-1]
         fast_launch = r.get("fp8_fast_choice", "—").split(": ", 1)[-1]
-        off = "/".join(str(r["mismatches"].get(name, "—")) for name in CHECKED)
+        off = "/".join(str(r["mismatches"].get(name, "—"))
+                       for name in CHECKED + (("fp8_mlp",) if "fp8_mlp" in r["mismatches"]
+                                              else ()))
         lines.append(
             f"| {r['model']} | {r['m']} | {t['fp8']:.1f} | {_cell(t, 'fp8_fast')} | "
             f"{t['fp8_xq']:.1f} | {_cell(t, 'fp8_fast_xq')} | {t['xla_fp8']:.1f} | "
             f"{_cell(t, 'xla_fp8_promoted')} | {_cell(t, 'xla_fp8_gemm')} | "
             f"{t['bf16']:.1f} | {t['bf16'] / t['fp8']:.2f} | "
             f"{_ratio(t, 'xla_fp8_promoted', 'fp8')} | {_ratio(t, 'xla_fp8', 'fp8_fast')} | "
-            f"{_ratio(t, 'fp8_fast_xq', 'xla_fp8_gemm')} | "
+            f"{_ratio(t, 'fp8_fast_xq', 'xla_fp8_gemm')} | {_cell(t, 'fp8_mlp')} | "
+            f"{_cell(t, 'bf16_mlp')} | {_ratio(t, 'bf16_mlp', 'fp8_mlp')} | "
             f"{r['fp8_weight_bytes'] / t['fp8'] / 1e6:.2f} | {off} | {launch} | {fast_launch} |")
-    lines += ["", "Mismatches: " + " / ".join(CHECKED) + " against the spec.", "",
+    lines += ["", "Mismatches: " + " / ".join(CHECKED) + " against the spec (and, where "
+              "timed, fp8_mlp against the whole block's, fused_mlp_reference_quantized).", "",
               "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t} | {v} | {'yes' if ok else 'no'} |" for t, v, ok in targets(result["rows"])]
     return "\n".join(lines) + "\n"
@@ -244,6 +273,8 @@ def main(argv=None):
     parser.add_argument("--tag", default="")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no new row after this many seconds")
+    parser.add_argument("--no-mlp", dest="mlp", action="store_false",
+                        help="leave out the whole blocks (fp8_mlp, bf16_mlp)")
     args = parser.parse_args(argv)
     if jax.default_backend() != "gpu":
         raise SystemExit("the benchmark needs a GPU")
@@ -261,7 +292,8 @@ def main(argv=None):
         if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
             print(f"budget spent after {i} of {len(rows)} rows", flush=True)
             break
-        row = bench_one(model, m, args.iterations, jax.random.fold_in(key, i), args.rounds)
+        row = bench_one(model, m, args.iterations, jax.random.fold_in(key, i), args.rounds,
+                        args.mlp)
         result["rows"].append(row)
         result["complete"] = i + 1 == len(rows)
         with open(stem + ".json", "w") as f:
@@ -273,7 +305,10 @@ def main(argv=None):
               f"{t['xla_fp8_gemm']:.1f}), bf16 {t['bf16']:.1f}; bf16/fp8 "
               f"{t['bf16'] / t['fp8']:.2f}, xla_fp8_promoted/fp8 "
               f"{t['xla_fp8_promoted'] / t['fp8']:.2f}, xla_fp8/fp8_fast "
-              f"{t['xla_fp8'] / t['fp8_fast']:.2f}; mismatches {row['mismatches']}", flush=True)
+              f"{t['xla_fp8'] / t['fp8_fast']:.2f}"
+              + (f"; whole block fp8 {t['fp8_mlp']:.1f}, bf16 {t['bf16_mlp']:.1f}"
+                 if "fp8_mlp" in t else "")
+              + f"; mismatches {row['mismatches']}", flush=True)
     text = markdown(result)
     with open(stem + ".md", "w") as f:
         f.write(text)
