@@ -224,6 +224,11 @@ def _cell(t, name, digits=1):
     return f"{t[name]:.{digits}f}" if name in t else "—"
 
 
+def _launch_cell(choice: str) -> str:
+    """explain's details line (the launch, its source and numbers): one table cell."""
+    return choice.rsplit("details: ", 1)[-1].replace("\n", " ").replace("|", "/").strip()
+
+
 def _ratio(t, num, den):
     return f"{t[num] / t[den]:.2f}" if num in t and den in t else "—"
 
@@ -242,8 +247,8 @@ def markdown(result) -> str:
              "---:|---:|---:|---|---|"]
     for r in result["rows"]:
         t = r["gpu_us"]
-        launch = r["fp8_choice"].split(": ", 1)[-1]
-        fast_launch = r.get("fp8_fast_choice", "—").split(": ", 1)[-1]
+        launch = _launch_cell(r["fp8_choice"])
+        fast_launch = _launch_cell(r.get("fp8_fast_choice", "—"))
         off = "/".join(str(r["mismatches"].get(name, "—"))
                        for name in CHECKED + (("fp8_mlp",) if "fp8_mlp" in r["mismatches"]
                                               else ()))

@@ -440,7 +440,7 @@ def write_report(result, stem, source=None, force=False, plot=True) -> list[str]
 
 def performance_markdown(results: list[tuple[str, dict]], out_path: str) -> str:
     """docs/performance.md: every given benchmark run's table, targets and plot, in order
-    (bench_swiglu runs, and bench_moe's grouped runs)."""
+    (bench_swiglu runs, bench_moe's grouped runs and bench_fp8's runs)."""
     out_dir = os.path.dirname(os.path.abspath(out_path))
     lines = ["<!-- written by benchmarks/report.py --performance; regenerate, do not edit -->",
              "# Performance", "",
@@ -454,6 +454,10 @@ def performance_markdown(results: list[tuple[str, dict]], out_path: str) -> str:
             from . import bench_moe
             suite = "moe"
             body = bench_moe.markdown(result).split("\n", 2)[2]
+        elif result.get("suite") == "fp8":
+            from . import bench_fp8
+            suite = "fp8"
+            body = bench_fp8.markdown(result).split("\n", 2)[2]
         else:
             suite = result.get("suite", "prefill")
             body = markdown(result)

@@ -618,7 +618,7 @@ def test_moe_targets_and_report():
 
 def test_performance_page_holds_dense_and_grouped_runs(tmp_path):
     """docs/performance.md (report.py --performance): each run under its own heading, a
-    bench_moe run with bench_moe's table."""
+    bench_moe run with bench_moe's table, a bench_fp8 run with bench_fp8's."""
     moe = tmp_path / "moe.json"
     moe.write_text(json.dumps({"environment": ENV, "iterations": 9, "rounds": 3,
                                "rows": [_moe_row(8, "balanced", 420.0, 400.0, 50.0)]}))
@@ -626,11 +626,21 @@ def test_performance_page_holds_dense_and_grouped_runs(tmp_path):
     dense.write_text(json.dumps(result([row("qwen2.5-0.5b", 128, 30.0, 25.0, 26.0)])))
     out = tmp_path / "docs" / "performance.md"
     out.parent.mkdir()
-    report.main([str(dense), str(moe), "--performance", str(out)])
+    fp8 = tmp_path / "fp8.json"
+    k, n = 4096, 14336
+    fp8.write_text(json.dumps({
+        "suite": "fp8", "environment": ENV, "iterations": 10, "rounds": 3,
+        "rows": [{"model": "llama-3-8b", "m": 2048, "k": k, "n": n,
+                  "fp8_weight_bytes": 2 * k * n, "bf16_weight_bytes": 4 * k * n,
+                  "gpu_us": {"fp8": 464.0, "fp8_xq": 447.0, "xla_fp8": 403.0, "bf16": 628.0},
+                  "mismatches": {"fp8": 0, "fp8_xq": 0}, "fp8_choice": "M=2048 ...: config 27"}]}))
+    report.main([str(dense), str(moe), str(fp8), "--performance", str(out)])
     text = out.read_text()
     assert "## prefill: `prefill.json`" in text and "## moe: `moe.json`" in text
     assert text.count("# Grouped SwiGLU") == 0  # bench_moe's title gives way to the heading
     assert "| mixtral-8x7b | 8 | 16 | balanced | 420.0 |" in text
+    assert "## fp8: `fp8.json`" in text and "| llama-3-8b | 2048 | 464.0 |" in text
+    assert text.count("# fp8 (e4m3) SwiGLU") == 0
 
 
 def test_moe_spec_sample_keeps_each_row_with_its_expert(monkeypatch):
