@@ -228,6 +228,10 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
     if not isinstance(packed, _quantize.QuantizedWeights):
         packed = _layout.as_packed(packed, "packed")
     out_dtype = _reference.fp8_output_dtype(x.dtype)
+    reduce_dtype = jnp.dtype(out_dtype if reduce_dtype is None else reduce_dtype)
+    if reduce_dtype not in (jnp.dtype(jnp.float32), out_dtype):
+        raise TypeError(f"reduce_dtype must be None (x's dtype, {out_dtype}) or float32, got "
+                        f"{reduce_dtype}")
     if isinstance(w_down, _quantize.QuantizedDown):
         return _fp8_down_block(x, packed, w_down, out_dtype, reduce_dtype, kernel=kernel,
                                launch=launch, activation=activation, x_scale=x_scale,
@@ -239,10 +243,6 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
     if w_down.dtype != out_dtype:
         raise TypeError(f"w_down is {w_down.dtype} but the block computes in {out_dtype} (x is "
                         f"{x.dtype}); they must match")
-    reduce_dtype = jnp.dtype(out_dtype if reduce_dtype is None else reduce_dtype)
-    if reduce_dtype not in (jnp.dtype(jnp.float32), out_dtype):
-        raise TypeError(f"reduce_dtype must be None (x's dtype, {out_dtype}) or float32, got "
-                        f"{reduce_dtype}")
     y = swiglu(x, packed, kernel=kernel, launch=launch, activation=activation, x_scale=x_scale,
                accumulation=accumulation)
     out = jnp.matmul(y, w_down, preferred_element_type=reduce_dtype,
@@ -256,10 +256,6 @@ def _fp8_down_block(x, packed, down, out_dtype, reduce_dtype, *, accumulation, *
     if down.n != packed.n:
         raise ValueError(f"the quantized down projection contracts N={down.n} features, but the "
                          f"gate/up weights give N={packed.n}")
-    reduce_dtype = jnp.dtype(out_dtype if reduce_dtype is None else reduce_dtype)
-    if reduce_dtype not in (jnp.dtype(jnp.float32), out_dtype):
-        raise TypeError(f"reduce_dtype must be None (x's dtype, {out_dtype}) or float32, got "
-                        f"{reduce_dtype}")
     y = swiglu(x, packed, accumulation=accumulation, **swiglu_args)
     # 16-bit gate/up weights accumulate in fp32: their down projection promotes too.
     fp8_gate_up = isinstance(packed, _quantize.QuantizedWeights)

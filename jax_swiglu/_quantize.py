@@ -59,6 +59,16 @@ def _cast(values_f32, dtype):
     return jnp.clip(values_f32, -largest, largest).astype(dtype)
 
 
+def _check_scales(what: str, scales, scale_mode: str, channels: int) -> None:
+    """fp32 scales, one per channel (``"per_channel"``) or one for all (``"per_tensor"``)."""
+    if jnp.dtype(scales.dtype) != jnp.dtype(jnp.float32):
+        raise TypeError(f"{what} scales must be float32, got {scales.dtype}")
+    expected = (channels,) if scale_mode == "per_channel" else ()
+    if tuple(scales.shape) != expected:
+        raise ValueError(f"{what} scales ({scale_mode}) must have shape {expected}, got "
+                         f"{tuple(scales.shape)}")
+
+
 @jax.tree_util.register_pytree_node_class
 class QuantizedWeights:
     """Gate and up weights in fp8, packed K-major, with fp32 scales (see module docstring).
@@ -162,12 +172,7 @@ class QuantizedWeights:
         if self._n is not None and (self._n <= 0 or shape[0] != 2 * _layout.padded_n(self._n)):
             raise ValueError(f"QuantizedWeights data has shape {shape}, but n={self._n} needs "
                              f"{2 * _layout.padded_n(max(self._n, 1))} rows")
-        if jnp.dtype(self.scales.dtype) != jnp.dtype(jnp.float32):
-            raise TypeError(f"QuantizedWeights scales must be float32, got {self.scales.dtype}")
-        expected = (shape[0],) if self.scale_mode == "per_channel" else ()
-        if tuple(self.scales.shape) != expected:
-            raise ValueError(f"QuantizedWeights scales ({self.scale_mode}) must have shape "
-                             f"{expected}, got {tuple(self.scales.shape)}")
+        _check_scales("QuantizedWeights", self.scales, self.scale_mode, shape[0])
 
 
 def _rebuild_quantized(data, scales, n, scale_mode, layout) -> QuantizedWeights:
@@ -278,12 +283,7 @@ class QuantizedDown:
         shape = tuple(self.data.shape)
         if len(shape) != 2 or 0 in shape:
             raise ValueError(f"QuantizedDown data must be [K_out, N], got shape {shape}")
-        if jnp.dtype(self.scales.dtype) != jnp.dtype(jnp.float32):
-            raise TypeError(f"QuantizedDown scales must be float32, got {self.scales.dtype}")
-        expected = (shape[0],) if self.scale_mode == "per_channel" else ()
-        if tuple(self.scales.shape) != expected:
-            raise ValueError(f"QuantizedDown scales ({self.scale_mode}) must have shape "
-                             f"{expected}, got {tuple(self.scales.shape)}")
+        _check_scales("QuantizedDown", self.scales, self.scale_mode, shape[0])
 
 
 def quantize_down(w_down, *, dtype=jnp.float8_e4m3fn, scale: str = "per_channel") -> QuantizedDown:
