@@ -81,10 +81,9 @@ def _tiles(config, m: int, n: int) -> tuple[int, int]:
 
 def _padded_work(config, m: int, n: int, sm_count: int) -> int:
     """Tokens x packed columns the whole waves of a tokens-side row compute: its tiles padded
-    to whole clusters (a padded tile computes too), the last wave counted whole."""
-    tiles_m, tiles_n = _tiles(config, m, n)
-    tiles = (math.ceil(tiles_m / config.cluster_m) * config.cluster_m
-             * math.ceil(tiles_n / config.cluster_n) * config.cluster_n)
+    to whole clusters (the cost model's grid: a padded tile computes too), the last wave
+    counted whole."""
+    tiles = math.prod(_model.tile_grid(config, _model.Problem(m, n, 1)))
     return math.ceil(tiles / sm_count) * sm_count * config.tile_m * config.tile_n
 
 
