@@ -113,10 +113,13 @@ def variants(mlp: bool = True):
 CHECKED = ("fp8", "fp8_fast", "fp8_xq", "fp8_fast_xq", "xla_fp8", "xla_fp8_promoted")
 
 
-def _sets(key, m, k, n):
+def _sets(key, m, k, n, count=None):
+    """``count`` input sets (by default enough to rotate the weights past the L2): xs of (x,
+    x_q, x_scale), ws of (quantized gate/up, packed gate/up, w_down, quantized w_down)."""
     # fp8 and bf16 gate/up and down weights, x, out
     bytes_per_set = k * 2 * n * 3 + k * n * 3 + 2 * m * (k + n)
-    count = max(1, min(MAX_SETS, math.ceil(ROTATION_BYTES / bytes_per_set)))
+    if count is None:
+        count = max(1, min(MAX_SETS, math.ceil(ROTATION_BYTES / bytes_per_set)))
     xs, ws = [], []
     for i in range(count):
         kx, kg, ku, kd = jax.random.split(jax.random.fold_in(key, i), 4)

@@ -27,6 +27,7 @@ import ctypes
 import jax
 import numpy as np
 
+from . import bench_fp8
 from . import bench_moe
 from . import bench_swiglu
 from . import shapes as shapes_lib
@@ -61,13 +62,19 @@ def main(argv=None):
         k, n = shapes_lib.mlp_shape(model)
         x, w = bench_swiglu._make_sets(jax.random.key(0), int(m), k, n, 1)[0]
         compiled = {launch: _compiled(launch, x, w) for launch in args.launches}
-        for fn in compiled.values():
-            jax.block_until_ready(fn(x, w))  # warm-up, outside the profiled range
-        for launch, fn in compiled.items():
-            print(f"profiling {model} M={m} {launch}", flush=True)
-            profiler.start()
-            jax.block_until_ready(fn(x, w))
-            profiler.stop()
+        _profile_each(compiled, (x, w), f"{model} M={m}", profiler)
+
+
+def _profile_each(compiled, args, label, profiler):
+    """Every compiled variant once as a warm-up, then once more each between the profiler's
+    start and stop, so ncu sees exactly one call per variant."""
+    for fn in compiled.values():
+        jax.block_until_ready(fn(*args))  # warm-up, outside the profiled range
+    for name, fn in compiled.items():
+        print(f"profiling {label} {name}", flush=True)
+        profiler.start()
+        jax.block_until_ready(fn(*args))
+        profiler.stop()
 
 
 def _fp8_variant(launch):
@@ -88,25 +95,13 @@ def _fp8_variant(launch):
 
 
 def _profile_fp8(row, launches, profiler):
-    import jax_swiglu
-
     model, m = row.rsplit(":", 1)
     k, n = shapes_lib.mlp_shape(model)
-    kx, kg, ku = jax.random.split(jax.random.key(0), 3)
-    w_gate = (jax.random.normal(kg, (k, n)) / np.sqrt(k)).astype(jax.numpy.bfloat16)
-    w_up = (jax.random.normal(ku, (k, n)) / np.sqrt(k)).astype(jax.numpy.bfloat16)
-    q = jax_swiglu.quantize_weights(w_gate, w_up)
-    x = jax.random.normal(kx, (int(m), k)).astype(jax.numpy.bfloat16)
-    x_q, x_scale = jax_swiglu.quantize_tokens(x)
+    xs, ws = bench_fp8._sets(jax.random.key(0), int(m), k, n, count=1)
+    (_, x_q, x_scale), q = xs[0], ws[0][0]
     compiled = {launch: jax.jit(_fp8_variant(launch)).lower(x_q, x_scale, q).compile()
                 for launch in launches}
-    for fn in compiled.values():
-        jax.block_until_ready(fn(x_q, x_scale, q))
-    for launch, fn in compiled.items():
-        print(f"profiling fp8 {model} M={m} {launch}", flush=True)
-        profiler.start()
-        jax.block_until_ready(fn(x_q, x_scale, q))
-        profiler.stop()
+    _profile_each(compiled, (x_q, x_scale, q), f"fp8 {model} M={m}", profiler)
 
 
 def _profile_moe(row, launches, profiler):
@@ -121,13 +116,7 @@ def _profile_moe(row, launches, profiler):
     variants.update({f"grouped:{c}": bench_moe._forced(c) for c in launches})
     compiled = {name: jax.jit(fn).lower(x, sizes, weights).compile()
                 for name, fn in variants.items()}
-    for fn in compiled.values():
-        jax.block_until_ready(fn(x, sizes, weights))
-    for name, fn in compiled.items():
-        print(f"profiling {row} {name}", flush=True)
-        profiler.start()
-        jax.block_until_ready(fn(x, sizes, weights))
-        profiler.stop()
+    _profile_each(compiled, (x, sizes, weights), row, profiler)
 
 
 class _DriverProfiler:
