@@ -35,9 +35,11 @@ struct NoScales {
 // Tokens on the wgmma M side: accumulator (m, p) of a [kTileM, kTilePacked] tile times
 // x_scale[row] * w_scale[column], at the global row its loads came from (an edge tile's rows
 // start at EdgeTileOrigin where the store shifts them: kShiftedRows) and its packed column;
-// rows past M and columns past the packed width (a tile's padding, never stored) get 0. The
-// scales come through the read-only cache: a thread's columns repeat over its rows and a
-// row's over its columns.
+// rows past M and columns past the packed width (a tile's padding, never stored) get 0.
+// A thread's accumulators span few rows (2 per MMA_M atom) and few columns (2 per 8-column
+// block), so each scale is loaded once, from a clamped index (no branch per load), and the
+// scale pointers are read from the kernel parameters once: read per accumulator, behind a
+// branch each, they cost an indexed constant load and two global loads per accumulator.
 template <int kTileM, int kTilePacked, bool kShiftedRows>
 struct TokenAndColumnScales {
   static constexpr bool kScaled = true;
@@ -50,6 +52,11 @@ struct TokenAndColumnScales {
                                    cute::Tensor<AccEngine, AccLayout>& accumulators,
                                    TiledMma tiled_mma, int thread_idx) {
     using namespace cute;
+    // Fragment ((2 adjacent columns, 2 rows 8 apart, blocks of 8 columns), MMA_M, MMA_N).
+    static_assert(rank(AccLayout{}) == 3 && rank<0>(AccLayout{}) == 3);
+    constexpr int kBlocks = size<0, 2>(AccLayout{});
+    constexpr int kMmaM = size<1>(AccLayout{});
+    constexpr int kMmaN = size<2>(AccLayout{});
     int opaque_thread_idx;
     asm volatile("mov.b32 %0, %1;" : "=r"(opaque_thread_idx) : "r"(thread_idx));
     Tensor tAcc_coord = tiled_mma.get_slice(opaque_thread_idx)
@@ -61,13 +68,41 @@ struct TokenAndColumnScales {
                                ? EdgeTileOrigin(static_cast<int>(m_coord), kTileM, m_total)
                                : static_cast<int>(m_coord) * kTileM;
     const int column_origin = static_cast<int>(n_coord) * kTilePacked;
+    float const* const x_scale = scales.x_scale;
+    float const* const w_scale = scales.w_scale;
+    const int w_scale_stride = scales.w_scale_stride;
+
+    float token_scale[2][kMmaM];
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(accumulators); ++i) {
-      const int row = row_origin + get<0>(tAcc_coord(i));
-      const int column = column_origin + get<1>(tAcc_coord(i));
-      const float x_scale = row < m_total ? TokenScale(scales, row) : 0.0f;
-      const float w_scale = column < packed_total ? ColumnScale(scales, column) : 0.0f;
-      accumulators(i) = accumulators(i) * x_scale * w_scale;
+    for (int mma_m = 0; mma_m < kMmaM; ++mma_m) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int row = 0; row < 2; ++row) {
+        const int m = row_origin + get<0>(tAcc_coord(make_coord(make_coord(0, row, 0), mma_m, 0)));
+        const float value = __ldg(x_scale + (m < m_total ? m : m_total - 1));
+        token_scale[row][mma_m] = m < m_total ? value : 0.0f;
+      }
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int mma_n = 0; mma_n < kMmaN; ++mma_n) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int block = 0; block < kBlocks; ++block) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int column = 0; column < 2; ++column) {
+          const int p = column_origin +
+                        get<1>(tAcc_coord(make_coord(make_coord(column, 0, block), 0, mma_n)));
+          const float value =
+              __ldg(w_scale + (p < packed_total ? p : packed_total - 1) * w_scale_stride);
+          const float column_scale = p < packed_total ? value : 0.0f;
+          CUTLASS_PRAGMA_UNROLL
+          for (int mma_m = 0; mma_m < kMmaM; ++mma_m) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int row = 0; row < 2; ++row) {
+              float& a = accumulators(make_coord(make_coord(column, row, block), mma_m, mma_n));
+              a = a * token_scale[row][mma_m] * column_scale;
+            }
+          }
+        }
+      }
     }
   }
 };

@@ -159,6 +159,10 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
     const int own_end = rows.end < tokens - token0 ? rows.end : tokens - token0;
     float* const exchange = shared_tensors.exchange;
     ElementD* const outputs = shared_tensors.outputs;
+    // The parameters read once (inside the loops each read is an indexed constant load).
+    const ScaleParams scales = params_.scales;
+    const int n = params_.n;
+    ElementD* const ptr_d = params_.ptr_d;
 
     CUTLASS_PRAGMA_UNROLL
     for (int pass = 0; pass < kPasses; ++pass) {
@@ -206,10 +210,10 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
                   // weights (padding tokens and columns are never stored).
                   const int gate_column = static_cast<int>(packed_tile) * kTilePacked + gate_row;
                   if (token >= rows.first && token < own_end &&
-                      column0 + OutputColumn(gate_row) < params_.n) {
-                    const float x_scale = TokenScale(params_.scales, token0 + token);
-                    g *= x_scale * ColumnScale(params_.scales, gate_column);
-                    u *= x_scale * ColumnScale(params_.scales, gate_column + kGateUpBlock);
+                      column0 + OutputColumn(gate_row) < n) {
+                    const float x_scale = TokenScale(scales, token0 + token);
+                    g *= x_scale * ColumnScale(scales, gate_column);
+                    u *= x_scale * ColumnScale(scales, gate_column + kGateUpBlock);
                   }
                 }
                 outputs[(token - chunk_token0) * kOutRow + OutputColumn(gate_row)] =
@@ -231,14 +235,14 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
           const int token = chunk_token0 + group / kGroupsPerToken;
           const int column = (group % kGroupsPerToken) * 8;
           if (token >= kTileTokens || token < rows.first || token >= own_end ||
-              column0 + column >= params_.n) {
+              column0 + column >= n) {
             continue;
           }
           const uint4 value =
               rows.zeros ? make_uint4(0, 0, 0, 0)
                          : *reinterpret_cast<const uint4*>(
                                outputs + (token - chunk_token0) * kOutRow + column);
-          *reinterpret_cast<uint4*>(params_.ptr_d + int64_t(token0 + token) * params_.n +
+          *reinterpret_cast<uint4*>(ptr_d + int64_t(token0 + token) * n +
                                     column0 + column) = value;
         }
       }
