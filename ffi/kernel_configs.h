@@ -32,8 +32,8 @@
 //              the tensor cores' sums into a second set of fp32 accumulators every `promotion`
 //              wgmma, or once after the last k tile for accumulation="fast"). The promoted
 //              e4m3 accumulators take twice the 16-bit kernel's registers, so a math
-//              warpgroup's share of a tile is at most 64 x 192 (a 128 x 256 cooperative tile, a
-//              128 x 128 pingpong one and a 64 x 192 pingpong one spill). Fast (e4m3 only):
+//              warpgroup's share of a tile is at most 64 x 192 (a 128 x 256 cooperative tile
+//              and a 128 x 128 pingpong one spill). Fast (e4m3 only):
 //              CUTLASS's fast-accumulation mainloop, the tensor cores' accumulators hold all of
 //              K and there is no second set, so the 16-bit kernel's tiles fit; the numerics
 //              of any e4m3 row at promotion 0, and only accumulation="fast" calls run them.
@@ -80,12 +80,14 @@
 // The fp8 rows' Optional ones were timed by the fp8 launch probe (benchmarks/results/
 // NVIDIA_H200): a wider cooperative tile (faster where K is deep, slower where it is short)
 // and 64-deep k tiles, whose promotion every 2 wgmma halves the products the tensor cores add
-// at less than fp32 (exact, and slower). Of the fast-accumulation rows the cooperative
-// 128 x 256 one is the fast calls' tile where its whole waves compute no more than 128 x 128
-// ones (selection/_heuristic.py); the pingpong 128 x 128 one measured no faster than the
-// promoted 128 x 128 row at promotion 0, so it stays Optional. The CUDA-core gemv rows' CTA
-// owns 256 packed columns (one warp's row of 16-byte loads) and steps of 8 rows of K, with no
-// padding of the tokens to a wgmma shape and no TMA or workspace around the weight stream;
+// at less than fp32 (exact, and slower). The fast-accumulation rows: the pingpong 128 x 192
+// one, whose epilogue overlaps the other warpgroup's mainloop, and the cooperative 128 x 256
+// one, whose epilogue stalls both warpgroups, compete with the 128 x 128 ones by the work
+// their whole waves compute (selection/_heuristic.py); the pingpong 128 x 128 one measured
+// no faster than the promoted 128 x 128 row at promotion 0, so it stays Optional. The
+// CUDA-core gemv rows' CTA owns 256 packed columns (one warp's row of 16-byte loads) and
+// steps of 8 rows of K, with no padding of the tokens to a wgmma shape and no TMA or
+// workspace around the weight stream;
 // the tensor-core ones stream 128 or 256 packed columns by TMA for up to 16 tokens. Both
 // split K over a cluster of `splits` CTAs (the launch attribute: 1, 2, 4 or 8) whose sums
 // meet in distributed shared memory in rank order.
@@ -142,7 +144,8 @@
   X(47, Interleaved, Bits16, Promoted, Pingpong, Tokens, 128, 192, 64, 1, 1, Grouped, DirectStore, 1, Optional)  \
   X(48, Interleaved, Bits16, Promoted, Cooperative, Tokens, 256, 192, 64, 1, 1, Grouped, DirectStore, 1, Always)  \
   X(49, Interleaved, Fp8E4m3, Fast, Cooperative, Tokens, 128, 256, 128, 2, 1, Persistent, DirectStore, 1, Always)   \
-  X(50, Interleaved, Fp8E4m3, Fast, Pingpong, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional)
+  X(50, Interleaved, Fp8E4m3, Fast, Pingpong, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
+  X(51, Interleaved, Fp8E4m3, Fast, Pingpong, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Always)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);

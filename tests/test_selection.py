@@ -545,7 +545,7 @@ def test_fp8_rule_follows_tokens_waves_and_the_sm_count():
     swap16, swap64 = _fp8_row(m_side="weights", tile_m=16), _fp8_row(m_side="weights", tile_m=64)
     persistent = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
     stream_k = _fp8_row(m_side="tokens", scheduler="stream-k")
-    rule = lambda m, sms: _heuristic.waves_rule(m, 4096, sms, rows, FP8_RULE)[0]  # noqa: E731
+    rule = lambda m, sms: _heuristic.waves_rule(m, 4096, 4096, sms, rows, FP8_RULE)[0]  # noqa: E731
     assert [rule(m, 132) for m in (1, 5, 16)] == [swap16] * 3
     assert [rule(m, 132) for m in (17, 40, 64)] == [swap64] * 3
     # 256 tokens: 2 x 64 = 128 tiles, 0.97 of a wave; 384: 192 tiles, a 45 % last wave.
@@ -571,18 +571,30 @@ def test_fp8_calls_follow_the_rule_without_fp8_data():
 
 
 @requires_kernels
-def test_fp8_fast_rule_takes_the_wider_tile_where_its_waves_compute_no_more():
-    """Under fast accumulation the 128 x 256 fast-accumulation tile joins the 128 x 128 ones:
-    it wins where its whole waves compute no more than theirs (a tie: half the bytes per
-    product), and the 128 x 128 tile where it fills a wave the wider one fills half of."""
+def test_fp8_fast_rule_weighs_whole_waves_and_the_cooperative_epilogue():
+    """Under fast accumulation the 128 x 256 cooperative and 128 x 192 pingpong
+    fast-accumulation tiles join the 128 x 128 ones, ranked by the work of their whole waves,
+    the cooperative ones' times (K + cooperative_epilogue_k) / K (N = K = 4096)."""
     rows = _fp8_rows("fast")
     wide = _fp8_row("fast", m_side="tokens", scheduler="persistent", tile_n=256)
+    pingpong = _fp8_row("fast", m_side="tokens", scheduler="persistent", tile_n=192)
     narrow = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
-    rule = lambda m: _heuristic.waves_rule(m, 4096, 132, rows, FP8_RULE)[0]  # noqa: E731
-    assert rule(8192) == wide and rule(2048) == wide  # 64 x 32 and 16 x 32 tiles of 128 x 256
-    assert rule(256) == narrow  # 128 tiles of 128 x 128 fill one wave; 64 of 128 x 256 half
-    # The promoted rows never see the fast one.
-    assert wide not in _fp8_rows() and wide in selection.candidates(
-        selection.Problem(8192, 4096, 4096, "bfloat16", "e4m3", accumulation="fast"))
-    assert wide not in selection.candidates(
-        selection.Problem(8192, 4096, 4096, "bfloat16", "e4m3"))
+    assert (wide.schedule, pingpong.schedule) == ("cooperative", "pingpong")
+    rule = lambda m, k=4096: _heuristic.waves_rule(m, 4096, k, 132, rows, FP8_RULE)[0]  # noqa: E731
+    # 2048 tokens: 16 x 43 tiles of 128 x 192 are 6 whole waves of 24576 products a tile;
+    # 16 x 32 of 128 x 256 are 4 of 32768, and 16 x 64 of 128 x 128 8 of 16384: 11 % less
+    # work, but their epilogue adds 683 / 4096 = 17 % to it.
+    assert rule(8192) == pingpong and rule(2048) == pingpong
+    # 128 tiles of 128 x 128 fill one wave: less work than a wave of the wider tiles.
+    assert rule(256) == narrow
+    # 512 tokens: one wave of 4 x 32 tiles of 128 x 256 (as much work as two of 128 x 128,
+    # the tie going to the larger tile) against two of 4 x 43 of 128 x 192 (28 % more) ...
+    assert rule(512) == wide
+    # ... which the cooperative epilogue outweighs where K is short.
+    assert rule(512, k=683 // 2) == pingpong
+    # The promoted rows never see the fast ones.
+    for fast in (wide, pingpong):
+        assert fast not in _fp8_rows() and fast in selection.candidates(
+            selection.Problem(8192, 4096, 4096, "bfloat16", "e4m3", accumulation="fast"))
+        assert fast not in selection.candidates(
+            selection.Problem(8192, 4096, 4096, "bfloat16", "e4m3"))

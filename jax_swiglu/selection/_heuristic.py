@@ -8,11 +8,17 @@
   more stages in flight) and stream-K spreading the K loop over every SM whatever the tile
   count. More tokens go on the M side: whole waves of tiles over the SM count run best on the
   persistent scheduler with 2x1 clusters (the weight tile multicast to both CTAs), in the
-  tiles whose whole waves compute the least (promoted accumulation has only 128 x 128 ones;
-  fast accumulation adds 128 x 256, which a tie goes to: half the operand bytes per
-  product); a ragged last wave (less than ``full_last_wave`` of the SMs busy in a call of at
-  most ``many_waves`` waves) is spread over every SM by stream-K instead. The rule picks among
-  the rows every build compiles; the Optional ones run when forced or autotuned.
+  tiles whose whole waves cost the least: the work they compute, and on the cooperative
+  schedule, whose epilogue stalls both math warpgroups, an epilogue that costs as much as
+  ``cooperative_epilogue_k`` more of K a tile (the pingpong schedule overlaps it with the
+  other warpgroup's mainloop). Promoted accumulation has only 128 x 128 cooperative tiles;
+  fast accumulation adds 128 x 256 cooperative and 128 x 192 pingpong ones; a tie goes to
+  the larger tile (fewer operand bytes per product). A ragged last wave of the cooperative
+  tile (less than ``full_last_wave`` of the SMs busy in a call of at most ``many_waves``
+  waves) is spread over every SM by stream-K instead (whether that spread also pays
+  against the pingpong tile is not measured yet: a pingpong pick stays persistent). The
+  rule picks among the rows every build compiles; the Optional ones run when forced or
+  autotuned.
 
 The constants of both come from a tuning data file (``model``): this GPU's, or another SM90
 part's.
@@ -39,8 +45,8 @@ def decide(problem, model: _model.Problem, candidates, device, data, xla_allowed
         raise RuntimeError("jax_swiglu: no tuning data file is shipped, so the cost model has "
                            "no constants; reinstall the package")
     if problem.operands == "e4m3":
-        config, reason = waves_rule(problem.m, problem.n, device.sm_count, candidates,
-                                    data.heuristics["e4m3"])
+        config, reason = waves_rule(problem.m, problem.n, problem.k, device.sm_count,
+                                    candidates, data.heuristics["e4m3"])
         return Decision(_launch.Launch(config.id), "heuristic", reason)
     from ._engine import split_choices
     by_key = {config.key: config for config in candidates}
@@ -87,7 +93,16 @@ def _padded_work(config, m: int, n: int, sm_count: int) -> int:
     return math.ceil(tiles / sm_count) * sm_count * config.tile_m * config.tile_n
 
 
-def waves_rule(m: int, n: int, sm_count: int, candidates, constants: dict):
+def _waves_cost(config, m: int, n: int, k: int, sm_count: int, constants: dict) -> float:
+    """The rule's cost of a persistent tokens-side row: its padded whole-wave work, times
+    (K + cooperative_epilogue_k) / K on the cooperative schedule."""
+    work = _padded_work(config, m, n, sm_count)
+    if config.schedule == "cooperative":
+        work *= 1 + constants["cooperative_epilogue_k"] / k
+    return work
+
+
+def waves_rule(m: int, n: int, k: int, sm_count: int, candidates, constants: dict):
     """The e4m3 rule of the module docstring among ``candidates`` (rows that can run the
     problem; only the rows every build compiles are considered): (config, reason)."""
     rows = [c for c in candidates if not c.optional]
@@ -99,23 +114,21 @@ def waves_rule(m: int, n: int, sm_count: int, candidates, constants: dict):
         return c, (f"M={m} tokens fit one swap-AB tile of {c.tile_m}: the weights stream once "
                    f"over all {sm_count} SMs (stream-K)")
     tokens = [c for c in rows if c.m_side == "tokens"]
-    # The persistent rows: under fast accumulation the fast-accumulation rows (no promotion,
-    # so tiles as large as the 16-bit kernel's) with the promoted ones. The one whose whole
-    # waves compute the least, a larger tile (fewer bytes per product) and then a
-    # fast-accumulation row on a tie.
+    # The persistent rows (under fast accumulation the fast-accumulation rows too): the
+    # cheapest whole waves, then a larger tile, then a fast-accumulation row.
     persistent_rows = [c for c in tokens if c.scheduler == "persistent"]
     persistent = min(persistent_rows,
-                     key=lambda c: (_padded_work(c, m, n, sm_count),
+                     key=lambda c: (_waves_cost(c, m, n, k, sm_count, constants),
                                     -c.tile_m * c.tile_n, not c.fast_accumulation))
     stream_k = next((c for c in tokens if c.scheduler == "stream-k"), None)
     tiles = math.prod(_tiles(persistent, m, n))
     waves = tiles / sm_count
     last = tiles % sm_count
     fill = 1.0 if last == 0 else last / sm_count
-    if (stream_k is None or waves > constants["many_waves"]
-            or fill >= constants["full_last_wave"]):
-        return persistent, (f"{tiles} tiles of {persistent.tile_m}x{persistent.tile_n} are "
-                            f"{waves:.2f} waves on {sm_count} SMs: persistent")
-    return stream_k, (f"{tiles} tiles of {persistent.tile_m}x{persistent.tile_n} are "
-                      f"{waves:.2f} waves on {sm_count} SMs, the last {fill:.0%} full: "
-                      f"stream-K ({stream_k.tile_m}x{stream_k.tile_n}) spreads it")
+    described = (f"{tiles} tiles of {persistent.tile_m}x{persistent.tile_n} ({persistent.schedule})"
+                 f" are {waves:.2f} waves on {sm_count} SMs")
+    if (stream_k is None or persistent.schedule != "cooperative"
+            or waves > constants["many_waves"] or fill >= constants["full_last_wave"]):
+        return persistent, f"{described}: persistent"
+    return stream_k, (f"{described}, the last {fill:.0%} full: stream-K "
+                      f"({stream_k.tile_m}x{stream_k.tile_n}) spreads it")
