@@ -30,7 +30,10 @@ GPU time by CUPTI (the sum of a call's kernels, the pre-pass included), medians 
 interleaved rounds on a rotation of weight sets larger than the L2 (benchmarks/bench_swiglu.py
 does the same for bf16). Per row also the fp8 weight stream (K * 2N bytes over the time) and
 the mismatches of fp8 and xla_fp8 against the spec (fp32 math on the dequantized inputs;
-0 expected by the 1 % + 1e-3 criterion).
+0 expected by the 1 % + 1e-3 criterion), and the whole fp8 block's relative Frobenius error
+against its spec (fused_mlp_reference_quantized): quantizing h to e4m3 turns a small
+difference in h into a whole e4m3 step where h lies near a rounding boundary, so the block is
+judged by that norm (tests/kernels/test_fp8.py), not element by element.
 
 Writes benchmarks/results/<gpu>/<date>-fp8[-tag].json after every row, and .md at the end.
 """
@@ -140,6 +143,11 @@ def _mismatches(y, r) -> int:
     return int(np.sum(~(np.abs(y - r) <= 0.01 * np.abs(r) + 1e-3)))
 
 
+def _relative_frobenius(y, r) -> float:
+    y, r = np.asarray(y, np.float64), np.asarray(r, np.float64)
+    return float(np.linalg.norm(y - r) / np.linalg.norm(r))
+
+
 def bench_one(model, m, iterations, key, rounds=ROUNDS, mlp=True):
     k, n = shapes_lib.mlp_shape(model)
     xs, ws = _sets(key, m, k, n)
@@ -155,7 +163,7 @@ def bench_one(model, m, iterations, key, rounds=ROUNDS, mlp=True):
     for name in CHECKED:
         row["mismatches"][name] = _mismatches(jax.jit(named[name])(xs[0], ws[0]), spec)
     if mlp:  # the whole fp8 block against its own spec
-        row["mismatches"]["fp8_mlp"] = _mismatches(
+        row["fp8_mlp_rel_fro"] = _relative_frobenius(
             jax.jit(named["fp8_mlp"])(xs[0], ws[0]),
             _reference.fused_mlp_reference_quantized(xs[0][0], ws[0][0], ws[0][3]))
     x0 = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
@@ -245,16 +253,19 @@ def markdown(result) -> str:
              "", "| model | M | fp8 | fp8_fast | fp8_xq | fp8_fast_xq | xla_fp8 | "
              "xla_fp8_promoted | xla_fp8_gemm | bf16 | bf16/fp8 | xla_fp8_promoted/fp8 | "
              "xla_fp8/fp8_fast | fp8_fast_xq/xla_fp8_gemm | fp8_mlp | bf16_mlp | "
-             "bf16_mlp/fp8_mlp | fp8 TB/s | mismatches | fp8 launch | fp8_fast launch |",
+             "bf16_mlp/fp8_mlp | fp8_mlp error | fp8 TB/s | mismatches | fp8 launch | "
+             "fp8_fast launch |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-             "---:|---:|---:|---|---|"]
+             "---:|---:|---:|---:|---|---|"]
     for r in result["rows"]:
         t = r["gpu_us"]
         launch = _launch_cell(r["fp8_choice"])
         fast_launch = _launch_cell(r.get("fp8_fast_choice", "—"))
-        off = "/".join(str(r["mismatches"].get(name, "—"))
-                       for name in CHECKED + (("fp8_mlp",) if "fp8_mlp" in r["mismatches"]
-                                              else ()))
+        off = "/".join(str(r["mismatches"].get(name, "—")) for name in CHECKED)
+        # (The fifth session's runs counted the block's mismatches instead.)
+        block_error = (f"{r['fp8_mlp_rel_fro']:.2e}" if "fp8_mlp_rel_fro" in r else
+                       f"{r['mismatches']['fp8_mlp']} off" if "fp8_mlp" in r["mismatches"]
+                       else "—")
         lines.append(
             f"| {r['model']} | {r['m']} | {t['fp8']:.1f} | {_cell(t, 'fp8_fast')} | "
             f"{t['fp8_xq']:.1f} | {_cell(t, 'fp8_fast_xq')} | {t['xla_fp8']:.1f} | "
@@ -262,10 +273,11 @@ def markdown(result) -> str:
             f"{t['bf16']:.1f} | {t['bf16'] / t['fp8']:.2f} | "
             f"{_ratio(t, 'xla_fp8_promoted', 'fp8')} | {_ratio(t, 'xla_fp8', 'fp8_fast')} | "
             f"{_ratio(t, 'fp8_fast_xq', 'xla_fp8_gemm')} | {_cell(t, 'fp8_mlp')} | "
-            f"{_cell(t, 'bf16_mlp')} | {_ratio(t, 'bf16_mlp', 'fp8_mlp')} | "
+            f"{_cell(t, 'bf16_mlp')} | {_ratio(t, 'bf16_mlp', 'fp8_mlp')} | {block_error} | "
             f"{r['fp8_weight_bytes'] / t['fp8'] / 1e6:.2f} | {off} | {launch} | {fast_launch} |")
-    lines += ["", "Mismatches: " + " / ".join(CHECKED) + " against the spec (and, where "
-              "timed, fp8_mlp against the whole block's, fused_mlp_reference_quantized).", "",
+    lines += ["", "Mismatches: " + " / ".join(CHECKED) + " against the spec. fp8_mlp error: "
+              "the whole block's relative Frobenius error against its spec, "
+              "fused_mlp_reference_quantized (rows recorded before it: its elements off).", "",
               "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t} | {v} | {'yes' if ok else 'no'} |" for t, v, ok in targets(result["rows"])]
     return "\n".join(lines) + "\n"
@@ -314,8 +326,8 @@ def main(argv=None):
               f"{t['bf16'] / t['fp8']:.2f}, xla_fp8_promoted/fp8 "
               f"{t['xla_fp8_promoted'] / t['fp8']:.2f}, xla_fp8/fp8_fast "
               f"{t['xla_fp8'] / t['fp8_fast']:.2f}"
-              + (f"; whole block fp8 {t['fp8_mlp']:.1f}, bf16 {t['bf16_mlp']:.1f}"
-                 if "fp8_mlp" in t else "")
+              + (f"; whole block fp8 {t['fp8_mlp']:.1f}, bf16 {t['bf16_mlp']:.1f}, error "
+                 f"{row['fp8_mlp_rel_fro']:.2e}" if "fp8_mlp" in t else "")
               + f"; mismatches {row['mismatches']}", flush=True)
     text = markdown(result)
     with open(stem + ".md", "w") as f:

@@ -529,7 +529,7 @@ def test_fp8_benchmark_targets_and_report():
     # The peers recorded since: the bare fp8 GEMM and the whole blocks.
     rows[2]["gpu_us"].update(fp8_fast_xq=370.0, xla_fp8_gemm=360.0, fp8_mlp=500.0,
                              bf16_mlp=800.0)
-    rows[2]["mismatches"]["fp8_mlp"] = 0
+    rows[2]["fp8_mlp_rel_fro"] = 0.0123
     met = {target: ok for target, _, ok in bench_fp8.targets(rows)}
     assert met["whole fp8 MLP >= 1.5x our bf16 fused_mlp at M >= 2048"]  # 1.6x
     assert met["the fused kernel (fast, x in fp8) within 1.05x of the bare fp8 GEMM at M >= 1024"]
@@ -541,8 +541,14 @@ def test_fp8_benchmark_targets_and_report():
     text = bench_fp8.markdown({"environment": {"device": "GPU", "date": "2026-12-01", "git": "x"},
                                "iterations": 10, "rounds": 3, "rows": rows})
     assert "| qwen2.5-7b | 2048 | 400.0 | 410.0 |" in text and "| no |" in text
-    assert "| 600.0 | 800.0 | 1.33 |" in text and "| 2/—/2/—/99/—/0 |" in text
+    assert "| 600.0 | 800.0 | 1.33 | 1.23e-02 |" in text and "| 2/—/2/—/99/— |" in text
     assert "| qwen2.5-0.5b | 1 | 10.0 | — |" in text
+    # A row recorded when the block's elements off were counted says so.
+    del rows[2]["fp8_mlp_rel_fro"]
+    rows[2]["mismatches"]["fp8_mlp"] = 7052
+    text = bench_fp8.markdown({"environment": {"device": "GPU", "date": "2026-12-01", "git": "x"},
+                               "iterations": 10, "rounds": 3, "rows": rows})
+    assert "| 600.0 | 800.0 | 1.33 | 7052 off |" in text and "| 2/—/2/—/99/— |" in text
 
 
 def test_model_swap_runs_as_the_readme_writes_it():
