@@ -262,7 +262,7 @@ def markdown(result) -> str:
         launch = _launch_cell(r["fp8_choice"])
         fast_launch = _launch_cell(r.get("fp8_fast_choice", "—"))
         off = "/".join(str(r["mismatches"].get(name, "—")) for name in CHECKED)
-        # (The fifth session's runs counted the block's mismatches instead.)
+        # Rows recorded before this column counted the block's elements off.
         block_error = (f"{r['fp8_mlp_rel_fro']:.2e}" if "fp8_mlp_rel_fro" in r else
                        f"{r['mismatches']['fp8_mlp']} off" if "fp8_mlp" in r["mismatches"]
                        else "—")
