@@ -68,9 +68,7 @@ struct TokenAndColumnScales {
                                ? EdgeTileOrigin(static_cast<int>(m_coord), kTileM, m_total)
                                : static_cast<int>(m_coord) * kTileM;
     const int column_origin = static_cast<int>(n_coord) * kTilePacked;
-    float const* const x_scale = scales.x_scale;
-    float const* const w_scale = scales.w_scale;
-    const int w_scale_stride = scales.w_scale_stride;
+    const ScaleParams read_once = scales;
 
     float token_scale[2][kMmaM];
     CUTLASS_PRAGMA_UNROLL
@@ -78,7 +76,7 @@ struct TokenAndColumnScales {
       CUTLASS_PRAGMA_UNROLL
       for (int row = 0; row < 2; ++row) {
         const int m = row_origin + get<0>(tAcc_coord(make_coord(make_coord(0, row, 0), mma_m, 0)));
-        const float value = __ldg(x_scale + (m < m_total ? m : m_total - 1));
+        const float value = TokenScale(read_once, m < m_total ? m : m_total - 1);
         token_scale[row][mma_m] = m < m_total ? value : 0.0f;
       }
     }
@@ -90,8 +88,7 @@ struct TokenAndColumnScales {
         for (int column = 0; column < 2; ++column) {
           const int p = column_origin +
                         get<1>(tAcc_coord(make_coord(make_coord(column, 0, block), 0, mma_n)));
-          const float value =
-              __ldg(w_scale + (p < packed_total ? p : packed_total - 1) * w_scale_stride);
+          const float value = ColumnScale(read_once, p < packed_total ? p : packed_total - 1);
           const float column_scale = p < packed_total ? value : 0.0f;
           CUTLASS_PRAGMA_UNROLL
           for (int mma_m = 0; mma_m < kMmaM; ++mma_m) {
