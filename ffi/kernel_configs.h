@@ -125,7 +125,7 @@
   X(28, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
   X(29, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 16, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
   X(30, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 64, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
-  X(31, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
+  X(31, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Always)   \
   X(32, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Optional) \
   X(33, Interleaved, Bits16, Promoted, Cooperative, Tokens, 128, 256, 64, 1, 1, Grouped, DirectStore, 1, Always)     \
   X(34, Interleaved, Bits16, Promoted, Pingpong, Tokens, 64, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)      \
@@ -145,7 +145,10 @@
   X(48, Interleaved, Bits16, Promoted, Cooperative, Tokens, 256, 192, 64, 1, 1, Grouped, DirectStore, 1, Always)  \
   X(49, Interleaved, Fp8E4m3, Fast, Cooperative, Tokens, 128, 256, 128, 2, 1, Persistent, DirectStore, 1, Always)   \
   X(50, Interleaved, Fp8E4m3, Fast, Pingpong, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
-  X(51, Interleaved, Fp8E4m3, Fast, Pingpong, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Always)
+  X(51, Interleaved, Fp8E4m3, Fast, Pingpong, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Always)   \
+  X(52, Interleaved, Fp8E4m3, Promoted, Pingpong, Tokens, 64, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
+  X(53, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 2, Persistent, DirectStore, 1, Always)   \
+  X(54, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 1, StreamK, DirectStore, 1, Optional)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);

@@ -539,19 +539,23 @@ def _fp8_row(accumulation="promoted", **fields):
 @requires_kernels
 def test_fp8_rule_follows_tokens_waves_and_the_sm_count():
     """Up to 16 tokens the 16-token swap-AB tile, up to 64 the 64-token one; then 128 x 128
-    tiles, persistent on 2x1 clusters where the last wave is full (or there are many waves),
-    stream-K where a few waves end ragged, as the SM count makes them."""
+    or 128 x 192 tiles, persistent on 2x1 clusters where the last wave is full (or there are
+    many waves), stream-K where a few waves end ragged, as the SM count makes them."""
     rows = _fp8_rows()
     swap16, swap64 = _fp8_row(m_side="weights", tile_m=16), _fp8_row(m_side="weights", tile_m=64)
     persistent = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
+    wide = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=192)
     stream_k = _fp8_row(m_side="tokens", scheduler="stream-k")
     rule = lambda m, sms: _heuristic.waves_rule(m, 4096, 4096, sms, rows, FP8_RULE)[0]  # noqa: E731
     assert [rule(m, 132) for m in (1, 5, 16)] == [swap16] * 3
     assert [rule(m, 132) for m in (17, 40, 64)] == [swap64] * 3
     # 256 tokens: 2 x 64 = 128 tiles, 0.97 of a wave; 384: 192 tiles, a 45 % last wave.
     assert rule(256, 132) == persistent and rule(384, 132) == stream_k
-    assert rule(8192, 132) == persistent  # 64 x 64 = 4096 tiles: many waves
-    assert rule(384, 114) == stream_k and rule(1792, 114) == persistent
+    # 8192: 64 x 64 = 4096 tiles of 128 x 128 are 32 waves, 64 x 43 of 128 x 192 21 (1.6 %
+    # less work): many waves either way, and the wider tile drains its promotions less often
+    # a product.
+    assert rule(8192, 132) == wide
+    assert rule(512, 114) == stream_k and rule(1792, 114) == persistent
 
 
 @requires_kernels
@@ -560,14 +564,56 @@ def test_fp8_calls_follow_the_rule_without_fp8_data():
     the rows every build compiles (N = 4096: 64 columns of 128 x 128 tiles)."""
     swap16, swap64 = _fp8_row(m_side="weights", tile_m=16), _fp8_row(m_side="weights", tile_m=64)
     persistent = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
+    wide = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=192)
     stream_k = _fp8_row(m_side="tokens", scheduler="stream-k")
+    swap160 = _fp8_row(m_side="weights", tile_m=160)
     expected = {1: swap16, 16: swap16, 64: swap64,
-                300: stream_k,     # 3 x 64 tiles: 1.45 waves, the last 45 % full
+                300: swap160,      # 2 x 64 swap-AB tiles of 160 tokens: one wave
+                384: stream_k,     # 3 x 64 tiles: 1.45 waves, the last 45 % full
                 2048: persistent,  # 16 x 64 tiles: 7.8 waves
-                8192: persistent}
+                8192: wide}        # 64 x 43 tiles of 128 x 192: 20.8 waves
     for m, row in expected.items():
         choice = selection.choose(selection.Problem(m, 4096, 4096, "bfloat16", "e4m3"))
         assert choice.launch == _launch.Launch(row.id) and choice.source == "heuristic", m
+
+
+@requires_kernels
+def test_fp8_promoted_rule_weighs_the_promotion_drain():
+    """Each promotion drains the tensor cores for as long as promotion_drain_n more packed
+    columns of the tile would take: where the whole waves of 128 x 192 and 128 x 128 tiles
+    compute alike, a promoted call takes the wider tile, a call without promotions the
+    narrower (K = 4096, N = 14336, M = 2048)."""
+    rows = _fp8_rows()
+    narrow = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
+    wide = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=192)
+    rule = lambda promoted: _heuristic.waves_rule(  # noqa: E731
+        2048, 14336, 4096, 132, rows, FP8_RULE, promoted=promoted)[0]
+    # 16 x 224 tiles of 128 x 128 are 28 waves, 16 x 150 of 128 x 192 19: 1.8 % more work
+    # in the wider tile's waves, against a drain of 20 / 128 = 16 % and 20 / 192 = 10 %.
+    assert rule(True) == wide and rule(False) == narrow
+
+
+@requires_kernels
+def test_fp8_rule_runs_160_token_swap_ab_tiles_where_128_row_tiles_pad():
+    """A few hundred tokens: 128-row tiles rounded up to their 2x1 cluster pad 300 tokens to
+    512 rows, 160-token swap-AB tiles to 320, which outweighs their epilogue's pairing through
+    shared memory (swap_ab_epilogue_k); where 128-row tiles fit M (256) or the waves are many
+    (2048) the tokens-side tiles stay. A swap-AB pick stays persistent where a tokens-side
+    tile's ragged last wave would be spread by stream-K (N = K = 4096)."""
+    swap160 = _fp8_row(m_side="weights", tile_m=160)
+    assert (swap160.scheduler, swap160.schedule, swap160.cluster_n) == (
+        "persistent", "cooperative", 2)
+    for accumulation in ("promoted", "fast"):
+        rows = _fp8_rows(accumulation)
+        rule = lambda m, sms=132: _heuristic.waves_rule(  # noqa: E731
+            m, 4096, 4096, sms, rows, FP8_RULE, promoted=accumulation == "promoted")[0]
+        assert rule(300) == swap160 and rule(320) == swap160
+        assert rule(256) != swap160 and rule(2048) != swap160
+    # 114 SMs, 384 tokens: 3 x 64 swap-AB tiles are 1.68 waves, persistent.
+    promoted = lambda m, sms: _heuristic.waves_rule(  # noqa: E731
+        m, 4096, 4096, sms, _fp8_rows(), FP8_RULE)
+    config, reason = promoted(384, 114)
+    assert config == swap160 and reason.endswith(": persistent") and "swap-AB" in reason
 
 
 @requires_kernels

@@ -3,22 +3,27 @@
 * 16-bit operands: the cost model (_model.py) ranks every candidate launch from tiles, waves
   on this GPU's SMs and bytes, with the XLA path predicted the same way.
 * e4m3 operands, which have no tuning data yet: a rule of waves. Few tokens (M up to the
-  largest swap-AB tile) stream the weights once, so the tensor cores' M side should be the
-  weights (swap-AB), with the smallest token tile that holds M (less shared memory per stage,
-  more stages in flight) and stream-K spreading the K loop over every SM whatever the tile
-  count. More tokens go on the M side: whole waves of tiles over the SM count run best on the
-  persistent scheduler with 2x1 clusters (the weight tile multicast to both CTAs), in the
-  tiles whose whole waves cost the least: the work they compute, and on the cooperative
-  schedule, whose epilogue stalls both math warpgroups, an epilogue that costs as much as
-  ``cooperative_epilogue_k`` more of K a tile (the pingpong schedule overlaps it with the
-  other warpgroup's mainloop). Promoted accumulation has only 128 x 128 cooperative tiles;
-  fast accumulation adds 128 x 256 cooperative and 128 x 192 pingpong ones; a tie goes to
-  the larger tile (fewer operand bytes per product). A ragged last wave of the cooperative
-  tile (less than ``full_last_wave`` of the SMs busy in a call of at most ``many_waves``
-  waves) is spread over every SM by stream-K instead (whether that spread also pays
-  against the pingpong tile is not measured yet: a pingpong pick stays persistent). The
-  rule picks among the rows every build compiles; the Optional ones run when forced or
-  autotuned.
+  largest stream-K swap-AB tile) stream the weights once, so the tensor cores' M side should
+  be the weights (swap-AB), with the smallest token tile that holds M (less shared memory per
+  stage, more stages in flight) and stream-K spreading the K loop over every SM whatever the
+  tile count. More tokens run persistent tiles, the weights multicast over 2-CTA clusters:
+  tokens on the M side (128 x 128 and 128 x 192 cooperative tiles; under fast accumulation
+  also 128 x 256 cooperative and 128 x 192 pingpong ones), or still on the N side in tiles of
+  160 tokens by 128 packed columns, which pad a few hundred tokens less than 128-row tiles
+  rounded up to their cluster do. The rule takes the tile whose whole waves over the SM count
+  cost the least: the work they compute, times what each tile adds to its K loop. The
+  cooperative schedule's epilogue stalls both math warpgroups for as long as
+  ``cooperative_epilogue_k`` more of K would take (the pingpong schedule overlaps it with the
+  other warpgroup's mainloop), the swap-AB epilogue's pairing of gate and up through shared
+  memory ``swap_ab_epilogue_k`` more; under promoted accumulation each promotion drains the
+  tensor cores (it waits for every wgmma in flight) for as long as ``promotion_drain_n`` more
+  columns of a wgmma would take, so a wider wgmma hides it better (fast accumulation promotes
+  once, after the last k tile). A tie goes to the larger tile (fewer operand bytes per
+  product). A ragged last wave of the cooperative tokens-side tile (less than
+  ``full_last_wave`` of the SMs busy in a call of at most ``many_waves`` waves) is spread over
+  every SM by stream-K instead (whether that spread also pays against the pingpong or the
+  swap-AB tile is not measured yet: those picks stay persistent). The rule picks among the
+  rows every build compiles; the Optional ones run when forced or autotuned.
 
 The constants of both come from a tuning data file (``model``): this GPU's, or another SM90
 part's.
@@ -46,7 +51,8 @@ def decide(problem, model: _model.Problem, candidates, device, data, xla_allowed
                            "no constants; reinstall the package")
     if problem.operands == "e4m3":
         config, reason = waves_rule(problem.m, problem.n, problem.k, device.sm_count,
-                                    candidates, data.heuristics["e4m3"])
+                                    candidates, data.heuristics["e4m3"],
+                                    promoted=problem.accumulation != "fast")
         return Decision(_launch.Launch(config.id), "heuristic", reason)
     from ._engine import split_choices
     by_key = {config.key: config for config in candidates}
@@ -81,53 +87,67 @@ def model_alone(candidates, model: _model.Problem, device, constants, splits_of)
 
 
 def _tiles(config, m: int, n: int) -> tuple[int, int]:
-    """(token tiles, packed-column tiles) of a tokens-side row, before cluster padding."""
+    """(token tiles, packed-column tiles) of a row, before cluster padding."""
     return math.ceil(m / config.tile_m), math.ceil(2 * _layout.padded_n(n) / config.tile_n)
 
 
 def _padded_work(config, m: int, n: int, sm_count: int) -> int:
-    """Tokens x packed columns the whole waves of a tokens-side row compute: its tiles padded
+    """Tokens x packed columns the whole waves of a row compute: its tiles padded
     to whole clusters (the cost model's grid: a padded tile computes too), the last wave
     counted whole."""
     tiles = math.prod(_model.tile_grid(config, _model.Problem(m, n, 1)))
     return math.ceil(tiles / sm_count) * sm_count * config.tile_m * config.tile_n
 
 
-def _waves_cost(config, m: int, n: int, k: int, sm_count: int, constants: dict) -> float:
-    """The rule's cost of a persistent tokens-side row: its padded whole-wave work, times
-    (K + cooperative_epilogue_k) / K on the cooperative schedule."""
+def _waves_cost(config, m: int, n: int, k: int, sm_count: int, constants: dict,
+                promoted: bool) -> float:
+    """The rule's cost of a persistent row: its padded whole-wave work, times (K + what its
+    epilogue adds) / K (cooperative_epilogue_k on the cooperative schedule, swap_ab_epilogue_k
+    more for a swap-AB tile) and, for a promoted call, (N + promotion_drain_n) / N of its
+    wgmma's N side (the tile's packed columns, or a swap-AB tile's tokens)."""
     work = _padded_work(config, m, n, sm_count)
+    epilogue_k = 0
     if config.schedule == "cooperative":
-        work *= 1 + constants["cooperative_epilogue_k"] / k
+        epilogue_k += constants["cooperative_epilogue_k"]
+    swap_ab = config.m_side == "weights"
+    if swap_ab:
+        epilogue_k += constants["swap_ab_epilogue_k"]
+    work *= 1 + epilogue_k / k
+    if promoted:
+        work *= 1 + constants["promotion_drain_n"] / (config.tile_m if swap_ab else config.tile_n)
     return work
 
 
-def waves_rule(m: int, n: int, k: int, sm_count: int, candidates, constants: dict):
+def waves_rule(m: int, n: int, k: int, sm_count: int, candidates, constants: dict,
+               promoted: bool = True):
     """The e4m3 rule of the module docstring among ``candidates`` (rows that can run the
-    problem; only the rows every build compiles are considered): (config, reason)."""
-    rows = [c for c in candidates if not c.optional]
-    swap = sorted((c for c in rows if c.m_side == "weights" and not c.is_gemv),
+    problem; only the rows every build compiles are considered) for a promoted call, or with
+    ``promoted=False`` a fast-accumulation one: (config, reason)."""
+    rows = [c for c in candidates if not c.optional and not c.is_gemv]
+    swap = sorted((c for c in rows if c.m_side == "weights" and c.scheduler == "stream-k"),
                   key=lambda c: c.tile_m)
     fitting = [c for c in swap if c.tile_m >= m]
     if fitting:
         c = fitting[0]
         return c, (f"M={m} tokens fit one swap-AB tile of {c.tile_m}: the weights stream once "
                    f"over all {sm_count} SMs (stream-K)")
-    tokens = [c for c in rows if c.m_side == "tokens"]
     # The persistent rows (under fast accumulation the fast-accumulation rows too): the
     # cheapest whole waves, then a larger tile, then a fast-accumulation row.
-    persistent_rows = [c for c in tokens if c.scheduler == "persistent"]
+    persistent_rows = [c for c in rows if c.scheduler == "persistent"]
     persistent = min(persistent_rows,
-                     key=lambda c: (_waves_cost(c, m, n, k, sm_count, constants),
+                     key=lambda c: (_waves_cost(c, m, n, k, sm_count, constants, promoted),
                                     -c.tile_m * c.tile_n, not c.fast_accumulation))
+    tokens = [c for c in rows if c.m_side == "tokens"]
     stream_k = next((c for c in tokens if c.scheduler == "stream-k"), None)
     tiles = math.prod(_tiles(persistent, m, n))
     waves = tiles / sm_count
     last = tiles % sm_count
     fill = 1.0 if last == 0 else last / sm_count
-    described = (f"{tiles} tiles of {persistent.tile_m}x{persistent.tile_n} ({persistent.schedule})"
-                 f" are {waves:.2f} waves on {sm_count} SMs")
+    form = "swap-AB " if persistent.m_side == "weights" else ""
+    described = (f"{tiles} {form}tiles of {persistent.tile_m}x{persistent.tile_n} "
+                 f"({persistent.schedule}) are {waves:.2f} waves on {sm_count} SMs")
     if (stream_k is None or persistent.schedule != "cooperative"
+            or persistent.m_side != "tokens"
             or waves > constants["many_waves"] or fill >= constants["full_last_wave"]):
         return persistent, f"{described}: persistent"
     return stream_k, (f"{described}, the last {fill:.0%} full: stream-K "
