@@ -589,7 +589,7 @@ def test_fp8_promoted_rule_weighs_the_promotion_drain():
     rule = lambda promoted: _heuristic.waves_rule(  # noqa: E731
         2048, 14336, 4096, 132, rows, FP8_RULE, promoted=promoted)[0]
     # 16 x 224 tiles of 128 x 128 are 28 waves, 16 x 150 of 128 x 192 19: 1.8 % more work
-    # in the wider tile's waves, against a drain of 20 / 128 = 16 % and 20 / 192 = 10 %.
+    # in the wider tile's waves, against a drain of 17 / 128 = 13 % and 17 / 192 = 9 %.
     assert rule(True) == wide and rule(False) == narrow
 
 
