@@ -21,8 +21,8 @@
 #   9. with NCU=1, Nsight Compute over benchmarks/profile_kernels.py (NCU_ARGS),
 #  10. with TENSOR_PARALLEL=1, benchmarks/tensor_parallel.py (TP_ARGS) on the local GPUs.
 # Results go to $OUT (default ./gpu_check_out): summary.txt (the short story), results.tgz
-# (every log, JSON, markdown and plot), and with SAVE_SO=1 the built extension, so a later
-# call can carry it back (PREBUILT=1) and skip the build. Few files: a device call returns few.
+# (every log, JSON, markdown and plot), and with SAVE_SO=1 the built extension gzipped, so a later
+# call can carry it back unzipped (PREBUILT=1) and skip the build. Few files: a device call returns few.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
@@ -65,7 +65,9 @@ else
     >> "$SUMMARY"
 fi
 if [ "${SAVE_SO:-0}" = 1 ]; then
-  cp jax_swiglu/_kernels*.so "$OUT/" && echo "saved $(ls jax_swiglu/_kernels*.so)" >> "$SUMMARY"
+  # gzipped: the extension of every config passes the 16 MiB a returned file may have.
+  so=$(ls jax_swiglu/_kernels*.so)
+  gzip -c "$so" > "$OUT/$(basename "$so").gz" && echo "saved $so (gzipped)" >> "$SUMMARY"
 fi
 
 if [ "${SASS:-0}" = 1 ]; then
