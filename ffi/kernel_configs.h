@@ -90,7 +90,9 @@
 // workspace around the weight stream;
 // the tensor-core ones stream 128 or 256 packed columns by TMA for up to 16 tokens. Both
 // split K over a cluster of `splits` CTAs (the launch attribute: 1, 2, 4 or 8) whose sums
-// meet in distributed shared memory in rank order.
+// meet in distributed shared memory in rank order. The gate-then-up rows past the first
+// (192 output columns a pass, the weights multicast over a 2-CTA cluster; docs/design.md)
+// stay Optional until the GPU has timed them beside the interleaved tiles.
 // X(id, family, operands, accumulation, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
 //   cluster_n, scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \
@@ -148,7 +150,9 @@
   X(51, Interleaved, Fp8E4m3, Fast, Pingpong, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Always)   \
   X(52, Interleaved, Fp8E4m3, Promoted, Pingpong, Tokens, 64, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
   X(53, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 2, Persistent, DirectStore, 1, Always)   \
-  X(54, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 1, StreamK, DirectStore, 1, Optional)
+  X(54, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 1, StreamK, DirectStore, 1, Optional) \
+  X(55, GateThenUp, Bits16, Promoted, Cooperative, Tokens, 128, 384, 64, 2, 1, Persistent, TmaStore, 1, Optional) \
+  X(56, GateThenUp, Bits16, Promoted, Pingpong, Tokens, 64, 384, 64, 2, 1, Persistent, TmaStore, 1, Optional)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
@@ -286,10 +290,16 @@ constexpr bool IsValidRow(const KernelConfig& c) {
                        c.tile_m % 8 == 0 && c.tile_m <= 64));
   }
   if (c.family == Family::GateThenUp) {
-    // Kernel-1 runs the pingpong schedule without clusters, on whole tiles, 16-bit.
-    return c.operands == Operands::Bits16 && c.schedule == Schedule::Pingpong &&
-           c.m_side == MmaMSide::Tokens && c.cluster_m == 1 && c.cluster_n == 1 &&
-           c.scheduler == TileScheduler::Persistent && c.m_bands == 1;
+    // Kernel-1 (mainloop/gate_then_up_mainloop.cuh): 16-bit, tokens on M, persistent whole
+    // tiles, the TMA store. A pass's wgmma spans the tile's gate (or up) columns, at most
+    // 256; the cooperative schedule splits 128 rows over its two warpgroups. Clusters only
+    // along the tokens, which multicast the weights (a cluster's CTAs share their columns).
+    return c.operands == Operands::Bits16 && c.m_side == MmaMSide::Tokens &&
+           (c.schedule == Schedule::Pingpong ||
+            (c.schedule == Schedule::Cooperative && c.tile_m == 128)) &&
+           c.tile_n / 2 <= 256 && (c.cluster_m == 1 || c.cluster_m == 2) && c.cluster_n == 1 &&
+           c.scheduler == TileScheduler::Persistent && c.store == OutputStore::TmaStore &&
+           c.m_bands == 1;
   }
   if (c.m_side == MmaMSide::Weights) {
     // Swap-AB: passes of 128 packed columns (whole gate/up pairs per 64-row block), tokens in

@@ -83,8 +83,10 @@ template <bool kAlternateReciprocal, Activation kActivation>
 inline constexpr bool kIsInterleavedPairs<InterleavedPairs<kAlternateReciprocal, kActivation>> =
     true;
 
-// Gate-then-up (pingpong) kernel: the gate pass accumulates into MMA_N index 0 and the up
-// pass into index 1, and the mainloop has already replaced the gate values by act(g).
+// Gate-then-up kernel: the gate pass accumulates into MMA_N index 0 and the up pass into
+// index 1; the activation is due here, as in InterleavedPairs (same template parameters),
+// so it runs in the epilogue, outside the mainloop's ordered region of the pingpong schedule.
+template <bool kAlternateReciprocal, Activation kActivation>
 struct SequentialPairs {
   template <int kBlocks>
   CUTLASS_HOST_DEVICE static constexpr bool IsGate(int /*block*/, int mma_n) {
@@ -100,8 +102,8 @@ struct SequentialPairs {
   }
   CUTLASS_HOST_DEVICE static constexpr int OutputColumn(int packed_n) { return packed_n; }
   template <int column>
-  CUTLASS_DEVICE static float Combine(float activated_gate, float up) {
-    return activated_gate * up;
+  CUTLASS_DEVICE static float Combine(float gate, float up) {
+    return Activate<kActivation, kAlternateReciprocal && column == 0>(gate) * up;
   }
 };
 

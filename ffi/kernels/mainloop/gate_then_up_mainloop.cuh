@@ -1,24 +1,28 @@
-// Mainloop of the pingpong fused SwiGLU kernel (Kernel-1 of the design): for each
+// Mainloop of the gate-then-up fused SwiGLU kernel (Kernel-1 of the design): for each
 // [tile_m, tile_n / 2] output tile, accumulate X @ W_gate over K, then X @ W_up over K.
 //
-// It plugs into CUTLASS's SM90 pingpong GemmUniversal kernel (one TMA producer warp, two
-// consumer warpgroups taking turns on whole tiles) through the collective-mainloop
-// interface (load_init / load / load_tail / mma / mma_tail). The kernel's tile is
-// (tile_m, tile_n, tile_k) over the packed [M, 2 N_pad] problem, so its grid is exactly
-// the [M, N] output grid and its accumulator is [gate | up], tile_n / 2 columns each.
+// It plugs into CUTLASS's SM90 GemmUniversal kernels through the collective-mainloop
+// interface (load_init / load / load_tail / mma / mma_tail): the pingpong schedule (two
+// consumer warpgroups taking turns on whole tiles, one's epilogue overlapping the other's
+// mainloop) or the cooperative one (both warpgroups on one tile, 64 rows each). The kernel's
+// tile is (tile_m, tile_n, tile_k) over the packed [M, 2 N_pad] problem, so its grid is
+// exactly the [M, N] output grid and its accumulator is [gate | up], tile_n / 2 columns each.
+// The problem's K mode counts both passes (2 K, GateThenUpAssembly): the kernels take their
+// k-tile count from it, and the mainloop halves it for its loads.
 //
 // One k-tile sequence per output tile runs both passes: k-tiles 0 .. K/tile_k - 1 load
 // x and gate columns, the next K/tile_k load x again and up columns. Gate and up columns
 // of an output tile are whole kGateUpBlock-column runs of the packed matrix, every other
 // run (jax_swiglu/_layout.py): in shared memory each run is its own 64-byte-swizzled atom
-// column, and one TMA box with an outer mode over the runs loads a pass tile.
+// column, and one TMA box with an outer mode over the runs loads a pass tile. On a cluster
+// of CTAs along the tokens, the CTAs share their weight columns: each loads its share of a
+// pass tile and multicasts it to all (x rows are each CTA's own).
 //
 // Registers, the design constraint: a consumer warpgroup holds two fp32 accumulators,
-// gate and up, tile_m x tile_n / 2 each (64 + 64 per thread for 128 x 128). When the gate
-// pass is done the gate accumulator is overwritten by SiLU(g) in place, in fp32, while the
-// producer's TMA loads of the up tiles are in flight; the epilogue multiplies by the
-// finished up accumulator. Keeping SiLU(g) in bf16 instead would free half those
-// registers but round twice, which the spec forbids.
+// gate and up (96 + 96 per thread for 64 rows x 192 columns each). The passes run back to
+// back: the first up k-tile is issued while the last gate k-tile's wgmmas are in flight, and
+// the activation waits for the epilogue (SequentialPairs), which in the pingpong schedule
+// overlaps the other warpgroup's mainloop instead of holding the ordered mainloop region.
 #pragma once
 
 #include <cute/arch/cluster_sm90.hpp>
@@ -32,11 +36,10 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "../../kernel_configs.h"
-#include "../activations.cuh"
 
 namespace jax_swiglu {
 
-template <class Element_, class TileShape_, int Stages, Activation kActivation>
+template <class Element_, class TileShape_, int Stages, class KernelSchedule, int kClusterM>
 struct GateThenUpMainloop {
   // --- what the kernel reads off a collective ---------------------------------------------
   using TileShape = TileShape_;  // (tile_m, gate + up columns, tile_k)
@@ -44,9 +47,14 @@ struct GateThenUpMainloop {
   using ElementB = Element_;
   using StrideA = cute::Stride<int64_t, cute::_1, int64_t>;  // x: (M, K, L), K contiguous
   using StrideB = cute::Stride<cute::_1, int64_t, int64_t>;  // packed: (N, K, L), N contiguous
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using DispatchPolicy = cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<
-      Stages, ClusterShape, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>;
+  using DispatchPolicy =
+      cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<Stages, ClusterShape, KernelSchedule>;
+  static constexpr bool kCooperative =
+      cute::is_same_v<KernelSchedule, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  static_assert(kCooperative ||
+                    cute::is_same_v<KernelSchedule, cutlass::gemm::KernelTmaWarpSpecializedPingpong>,
+                "CUTLASS's cooperative or pingpong schedule");
   using ArchTag = typename DispatchPolicy::ArchTag;
   using ElementAccumulator = float;
   using MainloopPipeline = cutlass::PipelineTmaAsync<Stages>;
@@ -63,11 +71,16 @@ struct GateThenUpMainloop {
   using PassShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
 
   // wgmma 64 x tile_n/2 x 16 atoms, A (x) K-major and B (weights) N-major from smem; one
-  // warpgroup per tile. Over the kernel's (tile_m, tile_n) tile this gives MMA_N = 2:
-  // index 0 is the gate accumulator, 1 the up accumulator (SequentialPairs in the epilogue).
+  // warpgroup per tile (pingpong) or two, 64 rows each (cooperative). Over the kernel's
+  // (tile_m, tile_n) tile this gives MMA_N = 2: index 0 is the gate accumulator, 1 the up
+  // accumulator (SequentialPairs in the epilogue).
+  using WarpGroupLayout = cute::conditional_t<kCooperative, cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>,
+                                              cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>>;
+  static_assert(!kCooperative || kTileM == 128, "the cooperative tile: 64 rows per warpgroup");
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<ElementA, ElementB, float, PassShape, cute::GMMA::Major::K,
-                                 cute::GMMA::Major::MN>()));
+                                 cute::GMMA::Major::MN>(),
+      WarpGroupLayout{}));
 
   using SmemLayoutAtomA = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
                                    cute::GMMA::Major::K, ElementA, cute::Int<kTileM>,
@@ -122,11 +135,14 @@ struct GateThenUpMainloop {
                                                                         int64_t(0))));
   }
 
+  // x: each CTA its own rows. The weights: multicast over the cluster's CTAs.
+  using TmaLoadB = decltype(cutlass::gemm::collective::detail::sm90_cluster_shape_to_tma_atom(
+      cute::Int<kClusterM>{}));
   using TmaA = decltype(cute::make_tma_copy_A_sm90(
       cute::SM90_TMA_LOAD{}, RowsView(nullptr, 0, 0), SmemLayoutA{}(cute::_, cute::_, 0),
       PassShape{}, ClusterShape{}));
   using TmaB = decltype(cute::make_tma_copy_B_sm90(
-      cute::SM90_TMA_LOAD{}, PassView(nullptr, 0, 0, 0), SmemLayoutB{}(cute::_, cute::_, 0),
+      TmaLoadB{}, PassView(nullptr, 0, 0, 0), SmemLayoutB{}(cute::_, cute::_, 0),
       PassShape{}, ClusterShape{}));
 
   struct Params {
@@ -140,25 +156,26 @@ struct GateThenUpMainloop {
   static Params to_underlying_arguments(ProblemShape const& problem_shape, Arguments const& args,
                                         void* /*workspace*/) {
     using namespace cute;
-    auto [m, packed_cols, k, l] = append<4>(problem_shape, 1);
+    auto [m, packed_cols, both_passes_k, l] = append<4>(problem_shape, 1);
+    const int k = both_passes_k / 2;
     auto x = reinterpret_cast<InternalElement const*>(args.ptr_x);
     auto packed = reinterpret_cast<InternalElement const*>(args.ptr_packed);
     const int blocks = packed_cols / (2 * kGateUpBlock);
     return {
         make_tma_copy_A_sm90(SM90_TMA_LOAD{}, RowsView(x, m, k), SmemLayoutA{}(_, _, 0),
                              PassShape{}, ClusterShape{}),
-        make_tma_copy_B_sm90(SM90_TMA_LOAD{}, PassView(packed, blocks, k, packed_cols),
+        make_tma_copy_B_sm90(TmaLoadB{}, PassView(packed, blocks, k, packed_cols),
                              SmemLayoutB{}(_, _, 0), PassShape{}, ClusterShape{}),
-        make_tma_copy_B_sm90(SM90_TMA_LOAD{},
+        make_tma_copy_B_sm90(TmaLoadB{},
                              PassView(packed + kGateUpBlock, blocks, k, packed_cols),
                              SmemLayoutB{}(_, _, 0), PassShape{}, ClusterShape{})};
   }
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
-    auto [m, packed_cols, k, l] = cute::append<4>(problem_shape, 1);
+    auto [m, packed_cols, both_passes_k, l] = cute::append<4>(problem_shape, 1);
     constexpr int kAlign = 16 / sizeof(ElementA);  // TMA: 16-byte strides and addresses
-    return k % kAlign == 0 && packed_cols % (2 * kGateUpBlock) == 0 &&
+    return both_passes_k % (2 * kAlign) == 0 && packed_cols % (2 * kGateUpBlock) == 0 &&
            reinterpret_cast<uintptr_t>(args.ptr_x) % 16 == 0 &&
            reinterpret_cast<uintptr_t>(args.ptr_packed) % 16 == 0;
   }
@@ -169,15 +186,17 @@ struct GateThenUpMainloop {
     cute::prefetch_tma_descriptor(params.tma_up.get_tma_descriptor());
   }
 
-  // Returns (x tiles, tile grid, gate tiles, up tiles). The kernel reads the number of
-  // k-tiles per output tile off the first (its k mode counts both passes: the second pass
-  // revisits the same x tiles) and the [M, N] tile grid off the first two.
+  // Returns (x tiles, tile grid, gate tiles, up tiles). The pingpong kernel reads the number
+  // of k-tiles per output tile off the first (its k mode counts both passes: the second pass
+  // revisits the same x tiles; the cooperative kernel counts them off the problem's K), and
+  // both read the [M, N] tile grid off the first two.
   template <class ProblemShapeMNKL>
   CUTLASS_DEVICE auto load_init(ProblemShapeMNKL const& problem_shape_mnkl,
                                 Params const& params) const {
     using namespace cute;
     using X = Underscore;
-    auto [m, packed_cols, k, l] = problem_shape_mnkl;
+    auto [m, packed_cols, both_passes_k, l] = problem_shape_mnkl;
+    const int k = both_passes_k / 2;
     const int blocks = packed_cols / (2 * kGateUpBlock);
 
     Tensor mX = params.tma_x.get_tma_tensor(make_shape(m, k, l));
@@ -204,12 +223,15 @@ struct GateThenUpMainloop {
   CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline,
                            PipelineState smem_pipe_write, LoadInputs const& load_inputs,
                            BlockCoord const& blk_coord, KTileIterator /*k_tile_iter*/,
-                           int k_tile_count, int /*thread_idx*/, uint32_t /*block_rank*/,
+                           int k_tile_count, int /*thread_idx*/, uint32_t block_rank,
                            TensorStorage& shared_tensors) {
     using namespace cute;
     if (!cute::elect_one_sync()) return;
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
+    // The cluster is kClusterM CTAs along the tokens: this CTA loads its share of each
+    // weight tile for all of them (block_rank is its place along M).
+    const uint16_t multicast_mask = static_cast<uint16_t>((1u << kClusterM) - 1);
 
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
     Tensor gX = get<0>(load_inputs)(_, _, m_coord, _, l_coord);     // (BLK_M, BLK_K, 2k)
@@ -217,8 +239,8 @@ struct GateThenUpMainloop {
     Tensor gUp = get<3>(load_inputs)(_, _, n_coord, _, l_coord);
 
     auto tma_x = params.tma_x.get_slice(0);
-    auto tma_gate = params.tma_gate.get_slice(0);
-    auto tma_up = params.tma_up.get_slice(0);
+    auto tma_gate = params.tma_gate.get_slice(block_rank % kClusterM);
+    auto tma_up = params.tma_up.get_slice(block_rank % kClusterM);
     Tensor tXgX = tma_x.partition_S(gX);
     Tensor tXsX = tma_x.partition_D(sA);
     Tensor tGgG = tma_gate.partition_S(gGate);
@@ -233,9 +255,11 @@ struct GateThenUpMainloop {
       const int stage = smem_pipe_write.index();
       copy(params.tma_x.with(*barrier), tXgX(_, _, _, tile), tXsX(_, _, _, stage));
       if (tile < k_tiles) {
-        copy(params.tma_gate.with(*barrier), tGgG(_, _, _, tile), tWsW(_, _, _, stage));
+        copy(params.tma_gate.with(*barrier, multicast_mask), tGgG(_, _, _, tile),
+             tWsW(_, _, _, stage));
       } else {
-        copy(params.tma_up.with(*barrier), tUgU(_, _, _, tile - k_tiles), tWsW(_, _, _, stage));
+        copy(params.tma_up.with(*barrier, multicast_mask), tUgU(_, _, _, tile - k_tiles),
+             tWsW(_, _, _, stage));
       }
       ++smem_pipe_write;
     }
@@ -246,8 +270,8 @@ struct GateThenUpMainloop {
     if (cute::elect_one_sync()) pipeline.producer_tail(smem_pipe_write);
   }
 
-  // Consumer warpgroup: gate pass, SiLU, up pass. Stages go back to the producer one
-  // k-tile late, once the wgmmas reading them have completed (as in CUTLASS's mainloop).
+  // Consumer warpgroup(s): the gate pass, then the up pass. Stages go back to the producer
+  // one k-tile late, once the wgmmas reading them have completed (as in CUTLASS's mainloop).
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,
                           FrgTensorC& accum, int k_tile_count, int thread_idx,
@@ -258,8 +282,12 @@ struct GateThenUpMainloop {
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
 
+    // This warpgroup's share of the tile (its rows, in the cooperative schedule).
+    constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
+    const int warp_group =
+        __shfl_sync(0xFFFFFFFF, (thread_idx / cutlass::NumThreadsPerWarpGroup) % kWarpGroups, 0);
     TiledMma tiled_mma;
-    auto thread_mma = tiled_mma.get_slice(thread_idx % cutlass::NumThreadsPerWarpGroup);
+    auto thread_mma = tiled_mma.get_slice(warp_group * cutlass::NumThreadsPerWarpGroup);
     Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA,M,K,PIPE)
     Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA,N,K,PIPE)
 
@@ -279,8 +307,10 @@ struct GateThenUpMainloop {
     };
     // Issues one k-tile's wgmmas into `acc` (zeroing it first for the first k-tile of a
     // pass); then, with at most this k-tile in flight, hands the previous k-tile's stage
-    // back (for all but the first k-tile of a pass, whose predecessor was already released).
-    auto k_tile = [&](auto& acc, bool first_of_pass) {
+    // back, except for the tile's very first k-tile (its predecessor belongs to the previous
+    // tile, which mma_tail released). The up pass's first k-tile thus overlaps the gate
+    // pass's last one.
+    auto k_tile = [&](auto& acc, bool first_of_pass, bool release_previous) {
       pipeline.consumer_wait(smem_pipe_read);
       const int stage = smem_pipe_read.index();
       warpgroup_fence_operand(acc);
@@ -292,7 +322,7 @@ struct GateThenUpMainloop {
         tiled_mma.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
-      if (!first_of_pass) {
+      if (release_previous) {
         warpgroup_wait<1>();
         warpgroup_fence_operand(acc);
         release_stage();
@@ -301,27 +331,15 @@ struct GateThenUpMainloop {
     };
 
     const int k_tiles = k_tile_count / 2;
+    // The up accumulator gets its values before any wgmma is in flight: left undefined, the
+    // compiler initializes its registers between the passes, while the gate pass's last
+    // wgmmas run, and ptxas then serializes every wgmma (C7515).
+    clear(acc_up);
+    warpgroup_fence_operand(acc_up);
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int tile = 0; tile < k_tiles; ++tile) k_tile(acc_gate, tile == 0);
-
-    // Gate done: SiLU it in place. The producer is already loading the up tiles into the
-    // free stages, so this overlaps their TMA traffic. (Not the up wgmmas: ptxas
-    // serializes every wgmma if accumulator registers are read while any is in flight.)
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_gate);
-    release_stage();
-    // Fragment elements alternate between a thread's two adjacent columns; SiLU alternates
-    // its reciprocal the same way (see Silu).
-    static_assert(size(acc_gate) % 2 == 0);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc_gate); i += 2) {
-      acc_gate(i) = Activate<kActivation, true>(acc_gate(i));
-      acc_gate(i + 1) = Activate<kActivation, false>(acc_gate(i + 1));
-    }
-    warpgroup_fence_operand(acc_gate);
-
+    for (int tile = 0; tile < k_tiles; ++tile) k_tile(acc_gate, tile == 0, tile != 0);
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int tile = 0; tile < k_tiles; ++tile) k_tile(acc_up, tile == 0);
+    for (int tile = 0; tile < k_tiles; ++tile) k_tile(acc_up, tile == 0, true);
     warpgroup_fence_operand(accum);
   }
 
