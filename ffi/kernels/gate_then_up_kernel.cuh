@@ -71,10 +71,12 @@ typename GateThenUpAssembly<ConfigId, ElementTag, kActivation>::Kernel::Argument
     const SwigluProblem& p, const DeviceFacts& facts) {
   using Assembly = GateThenUpAssembly<ConfigId, ElementTag, kActivation>;
   using Element = typename Assembly::Element;
-  // K counts both passes' k-tiles (GateThenUpMainloop).
+  // The problem's K counts both passes' k-tiles (GateThenUpMainloop).
+  const int k = static_cast<int>(p.k);
   return GemmArguments<typename Assembly::Kernel>(
-      {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed), static_cast<int>(2 * p.k), 1},
-      {static_cast<Element const*>(p.x), static_cast<Element const*>(p.packed)}, p, facts);
+      {static_cast<int>(p.m), static_cast<int>(2 * p.n_packed),
+       Assembly::Mainloop::BothPassesK(k), 1},
+      {static_cast<Element const*>(p.x), static_cast<Element const*>(p.packed), k}, p, facts);
 }
 
 template <int ConfigId, class ElementTag, Activation kActivation>

@@ -7,8 +7,9 @@
 // mainloop) or the cooperative one (both warpgroups on one tile, 64 rows each). The kernel's
 // tile is (tile_m, tile_n, tile_k) over the packed [M, 2 N_pad] problem, so its grid is
 // exactly the [M, N] output grid and its accumulator is [gate | up], tile_n / 2 columns each.
-// The problem's K mode counts both passes (2 K, GateThenUpAssembly): the kernels take their
-// k-tile count from it, and the mainloop halves it for its loads.
+// The problem's K mode counts both passes' k-tiles (2 ceil(K / tile_k) tile_k,
+// GateThenUpAssembly), which the kernels read their k-tile counts off; the real K comes in
+// the mainloop's arguments.
 //
 // One k-tile sequence per output tile runs both passes: k-tiles 0 .. K/tile_k - 1 load
 // x and gate columns, the next K/tile_k load x again and up columns. Gate and up columns
@@ -115,7 +116,10 @@ struct GateThenUpMainloop {
   struct Arguments {
     ElementA const* ptr_x;       // [M, K]
     ElementB const* ptr_packed;  // [K, 2 N_pad], packed layout
+    int k;                       // K (the problem shape's K counts both passes)
   };
+  // The problem shape's K for a real K: both passes' k-tiles, each pass's last one whole.
+  static constexpr int BothPassesK(int k) { return 2 * ((k + kTileK - 1) / kTileK) * kTileK; }
 
   // The gate (or up) columns of the packed matrix as an (N, K, L) tensor with a two-level
   // N mode: kGateUpBlock contiguous columns, then the next run of the same kind
@@ -150,6 +154,7 @@ struct GateThenUpMainloop {
     TmaB tma_gate;
     TmaB tma_up;
     uint32_t tma_transaction_bytes = TmaTransactionBytes;
+    int k;
   };
 
   template <class ProblemShape>
@@ -157,7 +162,8 @@ struct GateThenUpMainloop {
                                         void* /*workspace*/) {
     using namespace cute;
     auto [m, packed_cols, both_passes_k, l] = append<4>(problem_shape, 1);
-    const int k = both_passes_k / 2;
+    (void)both_passes_k, (void)l;  // the real K comes in the arguments; one batch
+    const int k = args.k;
     auto x = reinterpret_cast<InternalElement const*>(args.ptr_x);
     auto packed = reinterpret_cast<InternalElement const*>(args.ptr_packed);
     const int blocks = packed_cols / (2 * kGateUpBlock);
@@ -168,14 +174,17 @@ struct GateThenUpMainloop {
                              SmemLayoutB{}(_, _, 0), PassShape{}, ClusterShape{}),
         make_tma_copy_B_sm90(TmaLoadB{},
                              PassView(packed + kGateUpBlock, blocks, k, packed_cols),
-                             SmemLayoutB{}(_, _, 0), PassShape{}, ClusterShape{})};
+                             SmemLayoutB{}(_, _, 0), PassShape{}, ClusterShape{}),
+        TmaTransactionBytes,
+        k};
   }
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
     auto [m, packed_cols, both_passes_k, l] = cute::append<4>(problem_shape, 1);
     constexpr int kAlign = 16 / sizeof(ElementA);  // TMA: 16-byte strides and addresses
-    return both_passes_k % (2 * kAlign) == 0 && packed_cols % (2 * kGateUpBlock) == 0 &&
+    return args.k > 0 && args.k % kAlign == 0 && both_passes_k == BothPassesK(args.k) &&
+           packed_cols % (2 * kGateUpBlock) == 0 &&
            reinterpret_cast<uintptr_t>(args.ptr_x) % 16 == 0 &&
            reinterpret_cast<uintptr_t>(args.ptr_packed) % 16 == 0;
   }
@@ -196,7 +205,8 @@ struct GateThenUpMainloop {
     using namespace cute;
     using X = Underscore;
     auto [m, packed_cols, both_passes_k, l] = problem_shape_mnkl;
-    const int k = both_passes_k / 2;
+    (void)both_passes_k;  // the real K is the params'
+    const int k = params.k;
     const int blocks = packed_cols / (2 * kGateUpBlock);
 
     Tensor mX = params.tma_x.get_tma_tensor(make_shape(m, k, l));
