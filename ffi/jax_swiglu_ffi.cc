@@ -181,9 +181,10 @@ ffi::Error Swiglu(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> packed,
 
 // e4m3 operands: x_q [M, K] and packed [2 * n_packed, K] (K-major), x_scale [M], w_scale
 // [2 * n_packed] (a scale per packed column) or [1] / [] (one for all), out [M, N] in
-// bfloat16 or float16. (x and packed come as AnyBuffer, their element type checked here: the
-// FFI has no native C++ type for fp8 buffers.)
-template <Activation kActivation, ffi::DataType T>
+// bfloat16 or float16; a row of the interleaved or the gemv family. (x and packed come as
+// AnyBuffer, their element type checked here: the FFI has no native C++ type for fp8
+// buffers.)
+template <Family kFamily, Activation kActivation, ffi::DataType T>
 ffi::Error SwigluFp8(cudaStream_t stream, ffi::AnyBuffer x,
                      ffi::Buffer<ffi::DataType::F32> x_scale, ffi::AnyBuffer packed,
                      ffi::Buffer<ffi::DataType::F32> w_scale, ffi::Result<ffi::Buffer<T>> out,
@@ -212,8 +213,8 @@ ffi::Error SwigluFp8(cudaStream_t stream, ffi::AnyBuffer x,
   problem.x_scale = x_scale.typed_data();
   problem.w_scale = w_scale.typed_data();
   problem.w_scale_stride = w_scales == 1 ? 0 : 1;
-  return Run<Family::Interleaved, Operands::Fp8E4m3, kActivation, T>(
-      stream, problem, workspace, config, swizzle, raster, splits, promotion);
+  return Run<kFamily, Operands::Fp8E4m3, kActivation, T>(stream, problem, workspace, config,
+                                                         swizzle, raster, splits, promotion);
 }
 
 // Grouped (mixture-of-experts) calls on 16-bit operands: x [T, K] with its rows sorted by
@@ -264,9 +265,11 @@ ffi::Error SwigluGrouped(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> e
           .Attr<int64_t>("splits"),                                                      \
       {ffi::Traits::kCmdBufferCompatible})
 
-#define JAX_SWIGLU_DEFINE_FP8_HANDLER(symbol, activation, dtype)                          \
+#define JAX_SWIGLU_DEFINE_FP8_HANDLER(symbol, family, activation, dtype)                  \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                         \
-      symbol, (jax_swiglu::SwigluFp8<jax_swiglu::Activation::activation, dtype>),        \
+      symbol,                                                                            \
+      (jax_swiglu::SwigluFp8<jax_swiglu::Family::family,                                 \
+                             jax_swiglu::Activation::activation, dtype>),                \
       ffi::Ffi::Bind()                                                                   \
           .Ctx<ffi::PlatformStream<cudaStream_t>>()                                      \
           .Arg<ffi::AnyBuffer>()                                                         \
@@ -300,7 +303,7 @@ ffi::Error SwigluGrouped(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> e
       {ffi::Traits::kCmdBufferCompatible})
 
 // Every handler of one activation: each 16-bit family in both dtypes, and the e4m3
-// interleaved kernel with both output dtypes.
+// interleaved and gemv kernels with both output dtypes.
 #define JAX_SWIGLU_DEFINE_HANDLERS(activation, name)                                        \
   JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluInterleaved##activation##Bf16, Interleaved, activation, \
                             ffi::DataType::BF16);                                          \
@@ -314,9 +317,14 @@ ffi::Error SwigluGrouped(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> e
                             ffi::DataType::BF16);                                          \
   JAX_SWIGLU_DEFINE_HANDLER(JaxSwigluGemv##activation##F16, Gemv, activation,                \
                             ffi::DataType::F16);                                           \
-  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##Bf16, activation,                  \
+  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##Bf16, Interleaved, activation,     \
                                 ffi::DataType::BF16);                                      \
-  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##F16, activation, ffi::DataType::F16); \
+  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluFp8##activation##F16, Interleaved, activation,      \
+                                ffi::DataType::F16);                                       \
+  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluGemvFp8##activation##Bf16, Gemv, activation,        \
+                                ffi::DataType::BF16);                                      \
+  JAX_SWIGLU_DEFINE_FP8_HANDLER(JaxSwigluGemvFp8##activation##F16, Gemv, activation,         \
+                                ffi::DataType::F16);                                       \
   JAX_SWIGLU_DEFINE_GROUPED_HANDLER(JaxSwigluGrouped##activation##Bf16, activation,         \
                                     ffi::DataType::BF16);                                 \
   JAX_SWIGLU_DEFINE_GROUPED_HANDLER(JaxSwigluGrouped##activation##F16, activation,          \
@@ -389,6 +397,10 @@ struct Target {
        JaxSwigluFp8##activation##Bf16},                                                      \
       {"jax_swiglu_interleaved_fp8_" name "_f16", "interleaved", "e4m3", name, "float16",    \
        JaxSwigluFp8##activation##F16},                                                       \
+      {"jax_swiglu_gemv_fp8_" name "_bf16", "gemv", "e4m3", name, "bfloat16",                \
+       JaxSwigluGemvFp8##activation##Bf16},                                                  \
+      {"jax_swiglu_gemv_fp8_" name "_f16", "gemv", "e4m3", name, "float16",                  \
+       JaxSwigluGemvFp8##activation##F16},                                                   \
       {"jax_swiglu_grouped_" name "_bf16", "interleaved", "16bit", name, "bfloat16",         \
        JaxSwigluGrouped##activation##Bf16, true},                                            \
       {"jax_swiglu_grouped_" name "_f16", "interleaved", "16bit", name, "float16",           \

@@ -24,9 +24,10 @@
 //              weights K-major ([2 N_pad, K], jax_swiglu/_layout.py) in e4m3, since SM90's fp8
 //              wgmma reads both operands K-major; CUTLASS's fp8 mainloop (fp32 accumulators
 //              promoted out of the tensor cores every k tile by default, not the fast
-//              accumulation); the epilogue multiplies each fp32 accumulator by its token's and
-//              its packed column's scale before the activation; the output bfloat16 or float16
-//              (one translation unit each). tile_k counts fp8 elements (64 or 128 bytes a row;
+//              accumulation; the tensor-core gemv rows' own loop promotes the same way); the
+//              epilogue multiplies each fp32 accumulator by its token's and its packed
+//              column's scale before the activation; the output bfloat16 or float16 (one
+//              translation unit each). tile_k counts fp8 elements (64 or 128 bytes a row;
 //              a promotion interval is a multiple of a k tile's wgmma, tile_k / 32).
 //   accumulation  Promoted: fp32 sums (the 16-bit wgmma add in fp32; the e4m3 rows promote
 //              the tensor cores' sums into a second set of fp32 accumulators every `promotion`
@@ -90,9 +91,11 @@
 // workspace around the weight stream;
 // the tensor-core ones stream 128 or 256 packed columns by TMA for up to 16 tokens. Both
 // split K over a cluster of `splits` CTAs (the launch attribute: 1, 2, 4 or 8) whose sums
-// meet in distributed shared memory in rank order. The gate-then-up rows past the first
-// (192 output columns a pass, the weights multicast over a 2-CTA cluster; docs/design.md)
-// stay Optional until the GPU has timed them beside the interleaved tiles.
+// meet in distributed shared memory in rank order; the e4m3 tensor-core ones (Optional until
+// the GPU has run them) stream half the bytes of the 16-bit ones for the same columns. The
+// gate-then-up rows past the first (192 output columns a pass, the weights multicast over a
+// 2-CTA cluster; docs/design.md) stay Optional until the GPU has timed them beside the
+// interleaved tiles.
 // X(id, family, operands, accumulation, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
 //   cluster_n, scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \
@@ -152,7 +155,9 @@
   X(53, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 2, Persistent, DirectStore, 1, Always)   \
   X(54, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 1, StreamK, DirectStore, 1, Optional) \
   X(55, GateThenUp, Bits16, Promoted, Cooperative, Tokens, 128, 384, 64, 2, 1, Persistent, TmaStore, 1, Optional) \
-  X(56, GateThenUp, Bits16, Promoted, Pingpong, Tokens, 64, 384, 64, 2, 1, Persistent, TmaStore, 1, Optional)
+  X(56, GateThenUp, Bits16, Promoted, Pingpong, Tokens, 64, 384, 64, 2, 1, Persistent, TmaStore, 1, Optional) \
+  X(57, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 128, 128, 1, 1, ClusterSplitK, DirectStore, 1, Optional) \
+  X(58, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 256, 128, 1, 1, ClusterSplitK, DirectStore, 1, Optional)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
@@ -263,18 +268,20 @@ constexpr bool IsValidRow(const KernelConfig& c) {
     return false;
   }
   if (gemv) {
-    const bool common = c.operands == Operands::Bits16 && c.m_side == MmaMSide::Weights &&
-                        c.cluster_m == 1 && c.cluster_n == 1 &&
+    const bool common = c.m_side == MmaMSide::Weights && c.cluster_m == 1 && c.cluster_n == 1 &&
                         c.store == OutputStore::DirectStore && c.m_bands == 1;
     if (c.schedule == Schedule::TensorCores) {
       // One warpgroup's wgmma over whole 64-row atoms of packed columns (whole gate/up
-      // pairs), 8 or 16 tokens on its N side, 64-row stages of 128-byte swizzled boxes.
+      // pairs), 8 or 16 tokens on its N side, stages of 128-byte rows of K (64 16-bit
+      // elements, or 128 of e4m3, whose wgmma reads both operands K-major) in swizzled boxes.
       return common && (c.tile_m == 8 || c.tile_m == 16) &&
-             (c.tile_n == 128 || c.tile_n == 256) && c.tile_k == 64;
+             (c.tile_n == 128 || c.tile_n == 256) &&
+             c.tile_k == (c.operands == Operands::Fp8E4m3 ? 128 : 64);
     }
     // A warp's row of 16-byte loads per CTA, 8-row steps, at most 8 tokens (their sums take
     // 8 registers each per thread).
-    return common && c.tile_m >= 1 && c.tile_m <= 8 && c.tile_n == 256 && c.tile_k == 8;
+    return common && c.operands == Operands::Bits16 && c.tile_m >= 1 && c.tile_m <= 8 &&
+           c.tile_n == 256 && c.tile_k == 8;
   }
   if (c.tile_n % (2 * kGateUpBlock) != 0) return false;  // whole gate/up pairs per tile
   if (c.grouped()) {

@@ -53,8 +53,10 @@ def test_swap_ab_odd_shapes(config, operands, m, k, n, key):
 
 # (K, N): a 7B-sized MLP (2N = 22016: 86 CTAs of 256 packed columns, the last whole), a small
 # one (the last CTA a quarter full), K not a multiple of 64 nor of 8 splits' steps, N not a
-# multiple of 32 (padded), and K of one 8-row step (no split possible).
-GEMV_SHAPES = [(4096, 11008), (896, 4864), (1000, 200), (136, 72), (8, 40)]
+# multiple of 32 (padded), and K of one 8-row step (no split possible). The e4m3 rows' K
+# are multiples of 16 (their rows of fp8 are 16-byte aligned): one k tile of 128 and a part.
+GEMV_SHAPES = {"16bit": [(4096, 11008), (896, 4864), (1000, 200), (136, 72), (8, 40)],
+               "e4m3": [(4096, 11008), (896, 4864), (1008, 200), (144, 72), (16, 40)]}
 
 
 def _gemv_cases():
@@ -62,26 +64,31 @@ def _gemv_cases():
     token counts) down to the next row's, the tensor-core rows (any M up to their token
     tile) down to 1; on every shape and split K allows."""
     cases = []
-    for schedule in ("cuda-cores", "tensor-cores"):
-        gemv = sorted(rows(family="gemv", schedule=schedule), key=lambda r: r.tile_m)
+    for schedule, operands in (("cuda-cores", "16bit"), ("tensor-cores", "16bit"),
+                               ("tensor-cores", "e4m3")):
+        gemv = sorted(rows(family="gemv", schedule=schedule, operands=operands),
+                      key=lambda r: r.tile_m)
         for below, row in zip([None] + gemv[:-1], gemv):
             low = (below.tile_m if below and schedule == "cuda-cores" else 0) + 1
             for m in sorted({low, (low + row.tile_m) // 2, row.tile_m}):
-                for k, n in GEMV_SHAPES:
-                    cases += [(row.id, m, k, n, s) for s in _native.split_choices(row.id, k)]
+                for k, n in GEMV_SHAPES[operands]:
+                    cases += [(row.id, operands, m, k, n, s)
+                              for s in _native.split_choices(row.id, k)]
     return cases
 
 
-@pytest.mark.parametrize("config, m, k, n, splits", _gemv_cases())
-def test_gemv_rows_and_splits(config, m, k, n, splits, key):
-    check(m, k, n, key, launch=Launch(config, splits))
+@pytest.mark.parametrize("config, operands, m, k, n, splits", _gemv_cases())
+def test_gemv_rows_and_splits(config, operands, m, k, n, splits, key):
+    check(m, k, n, key, launch=Launch(config, splits), operands=operands)
 
 
 def _deterministic_cases():
-    widest_gemv = [max(rows(family="gemv", schedule=s), key=lambda r: r.tile_m)
-                   for s in ("cuda-cores", "tensor-cores")]
+    widest_gemv = [(max(rows(family="gemv", schedule=s, operands=o), key=lambda r: r.tile_m), o)
+                   for s, o in (("cuda-cores", "16bit"), ("tensor-cores", "16bit"),
+                                ("tensor-cores", "e4m3"))
+                   if rows(family="gemv", schedule=s, operands=o)]
     return ([(c, s, 33, "16bit") for c in _swap_ab() for s in _swap_ab_splits(c, (1, 4), 4096)]
-            + [(row.id, s, row.tile_m, "16bit") for row in widest_gemv for s in (1, 8)]
+            + [(row.id, s, row.tile_m, o) for row, o in widest_gemv for s in (1, 8)]
             + [(c, 1, 33, "e4m3") for c in _swap_ab("e4m3")]
             + [(r.id, 1, 300, "e4m3") for r in rows(operands="e4m3", scheduler="stream-k",
                                                     m_side="tokens")])
@@ -103,11 +110,11 @@ def test_bitwise_deterministic(config, splits, m, operands, key):
 
 
 def test_too_many_tokens_is_an_error():
-    most = max(r.tile_m for r in rows(family="gemv"))
+    most = max(r.tile_m for r in rows(family="gemv", operands="16bit"))
     x = jnp.ones((most + 1, 256), jnp.bfloat16)
     packed = pack_weights(jnp.ones((256, 64), jnp.bfloat16), jnp.ones((256, 64), jnp.bfloat16))
     with pytest.raises(ValueError, match="gemv"):
         jax.jit(lambda x, p: swiglu(x, p, kernel="gemv")).lower(x, packed)
-    fewest = min(rows(family="gemv"), key=lambda r: r.tile_m)
+    fewest = min(rows(family="gemv", operands="16bit"), key=lambda r: r.tile_m)
     with pytest.raises(ValueError, match="at most"):
         jax.jit(lambda x, p: swiglu(x, p, launch=fewest)).lower(x[:2], packed)

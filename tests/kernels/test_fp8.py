@@ -20,6 +20,9 @@ FP8_ROWS = [r.id for r in rows(operands="e4m3")]
 @pytest.mark.parametrize("config", FP8_ROWS)
 @pytest.mark.parametrize("m, k, n", [(1, 64, 8), (63, 144, 200), (300, 2048, 72)])
 def test_one_scale_for_all(config, m, k, n, key):
+    row = [r for r in rows(operands="e4m3") if r.id == config][0]
+    if not row.runs(m):
+        pytest.skip(f"config {config} runs at most {row.max_m} tokens")
     check(m, k, n, key, launch=Launch(config), operands="e4m3", scale="per_tensor")
 
 

@@ -60,7 +60,7 @@ Form TensorCores() {
   return {"tensor-cores n" + std::to_string(kColumns) + " b" + std::to_string(kCtasPerSm) +
               " l2:" + std::to_string(kL2PromotionBytes) + (kEvictFirst ? " evict-first" : ""),
           16,
-          &jax_swiglu::LaunchWgmmaGemv<16, kColumns, BF16, Activation::Silu, kCtasPerSm,
+          &jax_swiglu::LaunchWgmmaGemv<16, kColumns, BF16, false, Activation::Silu, kCtasPerSm,
                                        kL2PromotionBytes, kEvictFirst>};
 }
 // The i-th gemv row of the product's table.

@@ -152,10 +152,11 @@ constexpr int GemvSharedBytes(const KernelConfig& config) {
 // The tensor-core form's launcher, defined in wgmma_gemv.cuh (which includes this file and is
 // the header of the tensor-core rows' translation units, so the CUDA-core ones never parse
 // CuTe).
-// The tensor-core form (wgmma_gemv.cuh), with the product's stream parameters: two CTAs an
-// SM, the weights' reads promoted to 128-byte L2 lines, normal eviction.
-template <int kTokens, int kColumns, class Tag, Activation kActivation, int kCtasPerSm = 2,
-          int kL2PromotionBytes = 128, bool kEvictFirst = false>
+// The tensor-core form (wgmma_gemv.cuh), on `Tag` or (kFp8) e4m3 operands, with the
+// product's stream parameters: two CTAs an SM, the weights' reads promoted to 128-byte L2
+// lines, normal eviction.
+template <int kTokens, int kColumns, class Tag, bool kFp8, Activation kActivation,
+          int kCtasPerSm = 2, int kL2PromotionBytes = 128, bool kEvictFirst = false>
 std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream);
 
 template <int ConfigId, class ElementTag, Activation kActivation>
@@ -169,9 +170,10 @@ std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStr
     }
   }
   if constexpr (config.schedule == Schedule::TensorCores) {
-    return LaunchWgmmaGemv<config.tile_m, config.tile_n, ElementTag, kActivation>(p, facts,
-                                                                                  stream);
+    return LaunchWgmmaGemv<config.tile_m, config.tile_n, ElementTag,
+                           config.operands == Operands::Fp8E4m3, kActivation>(p, facts, stream);
   } else {
+    static_assert(config.operands == Operands::Bits16, "the CUDA-core form: 16-bit operands");
     static_assert(config.tile_n == kGemvColumns && config.tile_k == kGemvRows,
                   "the CUDA-core form's CTA is one warp's row of loads, 8 rows a step");
     auto* kernel = GemvSwigluKernel<config.tile_m, ElementTag, kActivation>;

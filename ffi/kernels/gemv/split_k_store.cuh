@@ -48,21 +48,29 @@ struct GemvElement<F16> {
 
 struct GemvParams {
   const void* x;       // [m, k]
-  const void* packed;  // [k, packed_columns]
+  const void* packed;  // [k, packed_columns] (e4m3: [packed_columns, k])
   void* out;           // [m, n]
   int m, n, k;
   int packed_columns;  // 2 * n_packed
   int steps_per_split;  // steps of K (the form's tile_k rows each) per split
+  // e4m3 operands (SwigluProblem's): token m's sums times x_scale[m], packed column c's
+  // times w_scale[c * w_scale_stride]; the tensor cores' sums promoted into fp32 ones every
+  // `promotion` wgmma (of 32 of K), or once at the end (kFastAccumulation).
+  const float* x_scale;
+  const float* w_scale;
+  int w_scale_stride;
+  int promotion;
 };
 
 // The reduction and the store, called by all `kThreads` threads of every CTA of the cluster.
 // `shared` holds the CTA's fp32 partial sums as [warp][token][column] (kWarps partial sums,
 // kTokens token slots, kColumns packed columns in rows of kStride floats; written before the
 // call). The sums are added over the warps in warp order and over the cluster's CTAs in rank
-// order; CTA 0 then pairs each gate sum with its up sum, applies the activation in fp32 and
-// rounds once to `Tag`.
+// order; CTA 0 then pairs each gate sum with its up sum (kScaled: each first times its
+// token's and its packed column's scale), applies the activation in fp32 and rounds once to
+// `Tag`.
 template <int kTokens, int kColumns, int kWarps, int kThreads, int kStride, class Tag,
-          Activation kActivation>
+          Activation kActivation, bool kScaled = false>
 __device__ __forceinline__ void ReduceSplitsAndStore(const GemvParams& p, float* shared,
                                                      int split, int splits) {
   using E = GemvElement<Tag>;
@@ -115,8 +123,14 @@ __device__ __forceinline__ void ReduceSplitsAndStore(const GemvParams& p, float*
     const int64_t n = int64_t(blockIdx.y) * kOutputs + pair * kGateUpBlock + 8 * q + 2 * j + e;
     if (t >= p.m || n >= p.n) continue;
     const int column = 2 * kGateUpBlock * pair + position;  // the gate's; up is 32 on
-    const float gate = shared[t * kStride + column];
-    const float up = shared[t * kStride + kGateUpBlock + column];
+    float gate = shared[t * kStride + column];
+    float up = shared[t * kStride + kGateUpBlock + column];
+    if constexpr (kScaled) {
+      const int64_t packed = int64_t(blockIdx.y) * kColumns + column;
+      const float x_scale = p.x_scale[t];
+      gate = gate * x_scale * p.w_scale[packed * p.w_scale_stride];  // (as scales.cuh)
+      up = up * x_scale * p.w_scale[(packed + kGateUpBlock) * p.w_scale_stride];
+    }
     out[int64_t(t) * p.n + n] = E::Round(Activate<kActivation, false>(gate) * up);
   }
 }
@@ -124,9 +138,18 @@ __device__ __forceinline__ void ReduceSplitsAndStore(const GemvParams& p, float*
 // The GemvParams of `p` for CTAs that split K in steps of `rows` rows.
 inline GemvParams MakeGemvParams(const SwigluProblem& p, int rows) {
   const int steps = static_cast<int>((p.k + rows - 1) / rows);
-  return GemvParams{p.x, p.packed, p.out, static_cast<int>(p.m), static_cast<int>(p.n),
-                    static_cast<int>(p.k), static_cast<int>(2 * p.n_packed),
-                    (steps + p.splits - 1) / p.splits};
+  return GemvParams{p.x,
+                    p.packed,
+                    p.out,
+                    static_cast<int>(p.m),
+                    static_cast<int>(p.n),
+                    static_cast<int>(p.k),
+                    static_cast<int>(2 * p.n_packed),
+                    (steps + p.splits - 1) / p.splits,
+                    p.x_scale,
+                    p.w_scale,
+                    p.w_scale_stride,
+                    p.fp8_promotion};
 }
 
 // Launches `kernel(params)` with `threads` threads and `shared_bytes` of shared memory per CTA

@@ -7,12 +7,15 @@
 // keep in flight; a stream of TMA boxes into a deep pipeline keeps more of them in flight per
 // SM with one issuing thread, and the tensor cores make the multiply cost the same for 1 and
 // 16 tokens. A CTA owns kColumns packed columns (blockIdx.y) and one of `splits` equal ranges
-// of K's 64-row tiles (blockIdx.x, its rank in the cluster). Its warps 0-3 are one math
-// warpgroup: the packed columns on the wgmma M side (the weights MN-major, as stored), the
-// tokens on its N side (x K-major; rows past M read as zeros), fp32 accumulators; warp 4
-// issues the loads. Two CTAs fit on an SM (their stages sized for it), so a grid of up to
-// twice the SM count runs in one wave. At the end the accumulators go to shared memory as
-// [token][column] and meet in rank order over the cluster; CTA 0 pairs, activates and stores.
+// of K's tiles of 128 bytes a row (blockIdx.x, its rank in the cluster: 64 rows of 16-bit
+// operands, 128 of e4m3). Its warps 0-3 are one math warpgroup: the packed columns on the
+// wgmma M side (the weights as stored: 16-bit MN-major, e4m3 K-major, which SM90's fp8 wgmma
+// needs), the tokens on its N side (x K-major; rows past M read as zeros), fp32
+// accumulators; warp 4 issues the loads. With e4m3 operands the tensor cores' sums are
+// promoted into fp32 ones every `promotion` wgmma, as in the fp8 GEMM kernels. Two CTAs fit
+// on an SM (their stages sized for it), so a grid of up to twice the SM count runs in one
+// wave. At the end the accumulators go to shared memory as [token][column] and meet in rank
+// order over the cluster; CTA 0 scales (e4m3), pairs, activates and stores.
 #pragma once
 
 #include <cutlass/cutlass.h>
@@ -43,8 +46,9 @@ constexpr int WgmmaGemvSharedBudget(int ctas_per_sm) {
 }
 inline constexpr int kWgmmaGemvMathThreads = 128;  // one warpgroup
 inline constexpr int kWgmmaGemvThreads = kWgmmaGemvMathThreads + 32;  // + the load warp
-// One TMA box of the weights: 64 packed columns (128 bytes, the 128-byte swizzle's row) by 64
-// rows of K, one MN-major swizzled block of a stage.
+// One TMA box of the 16-bit weights: 64 packed columns (128 bytes, the 128-byte swizzle's
+// row) by 64 rows of K, one MN-major swizzled block of a stage. The e4m3 weights' box is a
+// stage's whole tile: its kColumns rows of 128 bytes of K.
 inline constexpr int kWgmmaGemvBoxColumns = 64;
 // x as TMA reads it: (tokens, K), K-contiguous.
 template <class Element>
@@ -54,12 +58,14 @@ auto WgmmaGemvX(const Element* x, int m, int k) {
                                              cute::make_stride(k, cute::_1{})));
 }
 
-// The tensor-core form's types for `kTokens` tokens, `kColumns` packed columns and 16-bit
-// `Tag` operands.
-template <int kTokens, int kColumns, class Tag, int kCtasPerSm>
+// The tensor-core form's types for `kTokens` tokens, `kColumns` packed columns and `Tag`
+// output, on operands of that type or (kFp8) e4m3.
+template <int kTokens, int kColumns, class Tag, bool kFp8, int kCtasPerSm>
 struct WgmmaGemv {
-  using Element = typename CutlassElement<Tag>::type;
-  static constexpr int kTileK = 64;
+  using Element =
+      cute::conditional_t<kFp8, cutlass::float_e4m3_t, typename CutlassElement<Tag>::type>;
+  static constexpr int kTileK = 128 / static_cast<int>(sizeof(Element));  // 128 bytes a row
+  static constexpr auto kWeightsMajor = kFp8 ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
   using Columns = cute::Int<kColumns>;
   using Tokens = cute::Int<kTokens>;
   using TileK = cute::Int<kTileK>;
@@ -72,19 +78,26 @@ struct WgmmaGemv {
       (kSharedBudget - 256) / kStageBytes < 8 ? (kSharedBudget - 256) / kStageBytes : 8;
   static_assert(kStages >= 2, "a pipeline of at least two stages");
 
-  // Weights: 64-column atoms of 128 bytes (MN-major, 128-byte swizzle), stacked along K first
-  // so a stage is kColumns / 64 contiguous TMA boxes of 64 columns x 64 rows, each laid out
-  // as the box's 128-byte swizzle writes it. x: K-major atoms of 8 tokens x 64 rows.
-  using SmemLayoutW = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
-      cute::make_shape(Columns{}, TileK{}, cute::Int<kStages>{}),
-      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  // 16-bit weights: 64-column atoms of 128 bytes (MN-major, 128-byte swizzle), stacked along
+  // K first so a stage is kColumns / 64 contiguous TMA boxes of 64 columns x 64 rows, each
+  // laid out as the box's 128-byte swizzle writes it. e4m3 weights: K-major atoms of 8
+  // columns x 128 bytes stacked along the columns, as one box of the stage's tile writes
+  // them. x: K-major atoms of 8 tokens x 128 bytes.
+  using SmemLayoutW = cute::conditional_t<
+      kFp8,
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
+                                   cute::make_shape(Columns{}, TileK{}, cute::Int<kStages>{}))),
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+                                   cute::make_shape(Columns{}, TileK{}, cute::Int<kStages>{}),
+                                   cute::Step<cute::_2, cute::_1, cute::_3>{}))>;
   using SmemLayoutX = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_K_SW128_Atom<Element>{},
       cute::make_shape(Tokens{}, TileK{}, cute::Int<kStages>{})));
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<Columns, Tokens, TileK>,
-                                 cute::GMMA::Major::MN, cute::GMMA::Major::K>()));
+                                 kWeightsMajor, cute::GMMA::Major::K>()));
+  // wgmma instructions (32 of K each for e4m3) per k tile: promotion intervals count them.
+  static constexpr int kWgmmaPerTile = kTileK / 32;
 
   // x's copy (WgmmaGemvX). The weights' descriptor is encoded by hand
   // (EncodeWgmmaGemvWeights) for its L2 promotion, which CuTe fixes at 128 bytes.
@@ -110,20 +123,26 @@ struct WgmmaGemv {
   static_assert(kSharedBytes <= kSharedBudget, "kCtasPerSm CTAs an SM");
 
   struct Params {
-    cute::TmaDescriptor w;  // (packed columns, K), column-contiguous, 64 x 64 boxes
+    cute::TmaDescriptor w;  // the weights as stored, in the stage's boxes (EncodeWgmmaGemvWeights)
     TmaX tma_x;
     GemvParams gemv;  // steps_per_split counts 64-row k tiles
   };
 };
 
-// The weights' TMA descriptor: (packed columns, K) with K's rows `columns` apart, boxes of 64
-// columns x 64 rows in the 128-byte swizzle, reads promoted to `l2_promotion_bytes` L2 lines.
+// The weights' TMA descriptor in the 128-byte swizzle, reads promoted to
+// `l2_promotion_bytes` L2 lines: 16-bit (packed columns, K) with K's rows `columns` apart,
+// boxes of 64 columns x 64 rows; e4m3 (K, packed columns) with the columns' rows K apart,
+// boxes of 128 of K x `box_columns` columns.
 template <class Element>
 std::string EncodeWgmmaGemvWeights(cute::TmaDescriptor* desc, const Element* w, int columns,
-                                   int k, int l2_promotion_bytes) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(columns), static_cast<cuuint64_t>(k)};
-  const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(columns) * sizeof(Element)};
-  const cuuint32_t box[2] = {kWgmmaGemvBoxColumns, 64};
+                                   int k, int l2_promotion_bytes, int box_columns) {
+  constexpr bool kKMajor = sizeof(Element) == 1;
+  const cuuint64_t inner = static_cast<cuuint64_t>(kKMajor ? k : columns);
+  const cuuint64_t outer = static_cast<cuuint64_t>(kKMajor ? columns : k);
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t row_bytes[1] = {inner * sizeof(Element)};
+  const cuuint32_t box[2] = {kKMajor ? 128u : static_cast<cuuint32_t>(kWgmmaGemvBoxColumns),
+                             kKMajor ? static_cast<cuuint32_t>(box_columns) : 64u};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUtensorMapL2promotion promotion = l2_promotion_bytes == 256
                                                ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
@@ -139,15 +158,25 @@ std::string EncodeWgmmaGemvWeights(cute::TmaDescriptor* desc, const Element* w, 
   return {};
 }
 
+// `a` if kFirst, else `b` (two tensors of different types).
+template <bool kFirst, class A, class B>
+CUTLASS_DEVICE auto& FirstIf(A& a, B& b) {
+  if constexpr (kFirst) {
+    return a;
+  } else {
+    return b;
+  }
+}
+
 // kCtasPerSm sizes the stages; kEvictFirst marks the weights' boxes evict-first in the L2
 // (each is read once per call).
-template <int kTokens, int kColumns, class Tag, Activation kActivation, int kCtasPerSm,
-          bool kEvictFirst>
+template <int kTokens, int kColumns, class Tag, bool kFp8, Activation kActivation,
+          int kCtasPerSm, bool kEvictFirst>
 __global__ void __launch_bounds__(kWgmmaGemvThreads, kCtasPerSm) WgmmaGemvKernel(
-    const __grid_constant__ typename WgmmaGemv<kTokens, kColumns, Tag, kCtasPerSm>::Params
+    const __grid_constant__ typename WgmmaGemv<kTokens, kColumns, Tag, kFp8, kCtasPerSm>::Params
         params) {
   using namespace cute;
-  using G = WgmmaGemv<kTokens, kColumns, Tag, kCtasPerSm>;
+  using G = WgmmaGemv<kTokens, kColumns, Tag, kFp8, kCtasPerSm>;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
   extern __shared__ __align__(1024) uint8_t wgmma_gemv_shared[];
@@ -198,11 +227,17 @@ __global__ void __launch_bounds__(kWgmmaGemvThreads, kCtasPerSm) WgmmaGemvKernel
         EmptyBarrier::wait(&shared.empty[stage], phase ^ 1);  // (a fresh stage passes)
         FullBarrier::arrive_and_expect_tx(&shared.full[stage], G::kStageBytes);
         auto* stage_w = shared.w + stage * kColumns * G::kTileK;
-        CUTLASS_PRAGMA_UNROLL
-        for (int box = 0; box < kColumns / kWgmmaGemvBoxColumns; ++box) {
-          SM90_TMA_LOAD_2D::copy(&params.w, &shared.full[stage], kWeightHint,
-                                 stage_w + box * kWgmmaGemvBoxColumns * G::kTileK,
-                                 column0 + box * kWgmmaGemvBoxColumns, (first + i) * G::kTileK);
+        if constexpr (kFp8) {
+          SM90_TMA_LOAD_2D::copy(&params.w, &shared.full[stage], kWeightHint, stage_w,
+                                 (first + i) * G::kTileK, column0);
+        } else {
+          CUTLASS_PRAGMA_UNROLL
+          for (int box = 0; box < kColumns / kWgmmaGemvBoxColumns; ++box) {
+            SM90_TMA_LOAD_2D::copy(&params.w, &shared.full[stage], kWeightHint,
+                                   stage_w + box * kWgmmaGemvBoxColumns * G::kTileK,
+                                   column0 + box * kWgmmaGemvBoxColumns,
+                                   (first + i) * G::kTileK);
+          }
         }
         copy(params.tma_x.with(shared.full[stage]), tXgX(_, _, _, first + i),
              tXsX(_, _, _, stage));
@@ -218,24 +253,43 @@ __global__ void __launch_bounds__(kWgmmaGemvThreads, kCtasPerSm) WgmmaGemvKernel
     Tensor accumulators = partition_fragment_C(mma, make_shape(typename G::Columns{},
                                                                 typename G::Tokens{}));
     clear(accumulators);
+    // e4m3: the tensor cores add into `partial` (at less than fp32 precision), which is added
+    // into the fp32 accumulators after every `promotion` wgmma (whole k tiles) and after the
+    // last k tile. 16-bit: the tensor cores add in fp32, into the accumulators directly.
+    Tensor partial = make_fragment_like(accumulators);
+    auto& sums_in_flight = FirstIf<kFp8>(partial, accumulators);
+    const int tiles_per_promotion =
+        !kFp8 || p.promotion == kFastAccumulation ? count : p.promotion / G::kWgmmaPerTile;
+    int since_promotion = 0;
     mma.accumulate_ = GMMA::ScaleOut::One;
     int stage = 0;
     uint32_t phase = 0;
     for (int i = 0; i < count; ++i) {
       FullBarrier::wait(&shared.full[stage], phase);
-      warpgroup_fence_operand(accumulators);
+      warpgroup_fence_operand(sums_in_flight);
       warpgroup_arrive();
+      if constexpr (kFp8) {
+        mma.accumulate_ = since_promotion == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int k_block = 0; k_block < size<2>(tCrW); ++k_block) {
-        cute::gemm(mma, tCrW(_, _, k_block, stage), tCrX(_, _, k_block, stage), accumulators);
+        cute::gemm(mma, tCrW(_, _, k_block, stage), tCrX(_, _, k_block, stage), sums_in_flight);
+        mma.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
       // The multiply is a few wgmma per stage against a stage's worth of loads: waiting
       // for it before releasing the stage costs nothing the stream would notice.
       warpgroup_wait<0>();
-      warpgroup_fence_operand(accumulators);
+      warpgroup_fence_operand(sums_in_flight);
       if (lane == 0) EmptyBarrier::arrive(&shared.empty[stage]);
       if (++stage == G::kStages) stage = 0, phase ^= 1;
+      if constexpr (kFp8) {
+        if (++since_promotion == tiles_per_promotion || i == count - 1) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int v = 0; v < size(accumulators); ++v) accumulators(v) += partial(v);
+          since_promotion = 0;
+        }
+      }
     }
     // Every math warp is past its last wgmma before the sums overwrite the stages.
     asm volatile("bar.sync 1, %0;" ::"n"(kWgmmaGemvMathThreads) : "memory");
@@ -249,22 +303,26 @@ __global__ void __launch_bounds__(kWgmmaGemvThreads, kCtasPerSm) WgmmaGemvKernel
   asm volatile("griddepcontrol.launch_dependents;");
 
   ReduceSplitsAndStore<kTokens, kColumns, /*kWarps=*/1, kWgmmaGemvThreads, G::kSumStride, Tag,
-                       kActivation>(p, sums, split, splits);
+                       kActivation, kFp8>(p, sums, split, splits);
 }
 
 // Launches the tensor-core form on `p` (shapes and split checked by CannotRun, buffers by
 // the caller). The defaults of the stream's parameters (kCtasPerSm, kL2PromotionBytes,
 // kEvictFirst) are the product's, at the declaration in gemv_kernel.cuh; the gemv probe
 // (benchmarks/research/gemv_probe) times the others.
-template <int kTokens, int kColumns, class Tag, Activation kActivation, int kCtasPerSm,
-          int kL2PromotionBytes, bool kEvictFirst>
+template <int kTokens, int kColumns, class Tag, bool kFp8, Activation kActivation,
+          int kCtasPerSm, int kL2PromotionBytes, bool kEvictFirst>
 std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts,
                             cudaStream_t stream) {
-  using G = WgmmaGemv<kTokens, kColumns, Tag, kCtasPerSm>;
+  using G = WgmmaGemv<kTokens, kColumns, Tag, kFp8, kCtasPerSm>;
   using Element = typename G::Element;
   static_assert(kL2PromotionBytes == 128 || kL2PromotionBytes == 256, "an L2 promotion");
   if (p.m <= 0) return {};  // nothing to write (and no x for a TMA descriptor)
-  auto* kernel = WgmmaGemvKernel<kTokens, kColumns, Tag, kActivation, kCtasPerSm, kEvictFirst>;
+  if (kFp8 && (p.x_scale == nullptr || p.w_scale == nullptr)) {
+    return "the fp8 gemv kernel was called without scales";
+  }
+  auto* kernel =
+      WgmmaGemvKernel<kTokens, kColumns, Tag, kFp8, kActivation, kCtasPerSm, kEvictFirst>;
   if (std::string err = EnsureSharedMemoryLimit(reinterpret_cast<const void*>(kernel),
                                                 G::kSharedBytes, facts.device);
       !err.empty()) {
@@ -279,7 +337,7 @@ std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts,
                           typename G::SmemLayoutX{}(cute::_, cute::_, 0)),
       MakeGemvParams(p, G::kTileK)};
   if (std::string err = EncodeWgmmaGemvWeights(&params.w, static_cast<const Element*>(p.packed),
-                                               columns, k, kL2PromotionBytes);
+                                               columns, k, kL2PromotionBytes, kColumns);
       !err.empty()) {
     return err;
   }
