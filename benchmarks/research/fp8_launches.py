@@ -2,9 +2,11 @@
 
     python -m benchmarks.research.fp8_launches --models qwen2.5-7b qwen2.5-72b --m 1 2048
     python -m benchmarks.research.fp8_launches --promotions 0 ...   # fast accumulation only
+    python -m benchmarks.research.fp8_launches --configs 29 57,splits=2 --m 1 16 ...
 
 For each (model, M) it compiles one function per launch, forced with
-``swiglu(..., launch="<config>,promotion=<p>")``, on x already in fp8 (the kernel alone),
+``swiglu(..., launch="<config>[,splits=<s>],promotion=<p>")`` (a config of --configs may carry
+its splits), on x already in fp8 (the kernel alone),
 and times them in interleaved rounds with CUPTI (benchmarks/bench_swiglu.py's
 measure_side_by_side) beside XLA's fp8 path, its bare fp8 GEMM and the bf16 kernel's auto.
 Promotion 0 is fast accumulation (accumulation="fast"); a fast-accumulation row runs only
@@ -47,13 +49,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["qwen2.5-7b", "qwen2.5-72b"])
     parser.add_argument("--m", nargs="*", type=int, default=[2048, 8192])
-    parser.add_argument("--configs", nargs="*", type=int, default=None)
+    parser.add_argument("--configs", nargs="*", default=None,
+                        help="rows (a row with its splits: 57,splits=2); default every e4m3 row")
     parser.add_argument("--promotions", nargs="*", type=int, default=list(PROMOTIONS))
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--out", default="fp8_launches.json")
     args = parser.parse_args(argv)
     table = {i: row for i, row in jax_swiglu.kernel_configs().items() if row.operands == "e4m3"}
-    configs = args.configs if args.configs is not None else sorted(table)
+    configs = args.configs if args.configs is not None else [str(i) for i in sorted(table)]
     rows = []
     for model in args.models:
         k, n = mlp_shape(model)
@@ -69,13 +72,15 @@ def main(argv=None):
             fp8_args = (x_q, x_scale, q)
             fns = {}
             for config in configs:
-                if table[config].fast_accumulation:  # promotion 0, its only value
-                    fns[f"c{config}fast"] = _compiled(fp8_args, f"{config}", "fast")
+                row = table[int(config.split(",")[0])]
+                label = "c" + config.replace(",splits=", "s")
+                if row.fast_accumulation:  # promotion 0, its only value
+                    fns[f"{label}fast"] = _compiled(fp8_args, f"{config}", "fast")
                     continue
                 for promotion in args.promotions:
-                    if promotion and promotion % (table[config].tile_k // 32):
+                    if promotion and promotion % (row.tile_k // 32):
                         continue  # not a whole number of this config's k tiles
-                    fns[f"c{config}p{promotion}"] = _compiled(
+                    fns[f"{label}p{promotion}"] = _compiled(
                         fp8_args, f"{config},promotion={promotion}",
                         "fast" if promotion == 0 else "promoted")
             fns["xla_fp8"] = jax.jit(
