@@ -252,6 +252,17 @@ def test_output_store_paths_are_reported():
         assert config.store == "tma"
 
 
+def test_every_gate_then_up_row_lowers_as_forced():
+    """Each gate-then-up row (the clustered ones in builds with every config) lowers to its
+    family's target with its id, at a ragged M and K not a multiple of its k tile."""
+    rows = _rows("gate_then_up")
+    assert rows
+    for row in rows:
+        hlo = cuda_hlo(lambda x, p: swiglu(x, p, launch=row), _x(65, k=200), _packed(k=200))
+        assert custom_calls(hlo) == [("jax_swiglu_gate_then_up_silu_bf16", row.id)]
+        assert "gate-then-up" in row.in_words()
+
+
 def test_stream_k_config_gets_a_workspace_result():
     """A stream-K launch lowers with a second, scratch result (uint8) that nothing reads;
     the other configs keep a single result."""

@@ -293,6 +293,28 @@ def test_a_family_without_an_fp8_form_is_refused(quantized):
             lowering_platforms=("cuda",))
 
 
+@requires_kernels
+def test_the_fp8_gemv_rows_lower_to_their_target():
+    """The e4m3 tensor-core gemv rows (builds with every config): their own target with the
+    config, the cluster split and the promotion; at most their tokens, whole k tiles of
+    promotion, cluster sizes only."""
+    gemv = [row for row in jax_swiglu.kernel_configs().values()
+            if row.operands == "e4m3" and row.family == "gemv"]
+    if not gemv:
+        pytest.skip("no e4m3 gemv row in this build (JAX_SWIGLU_ALL_CONFIGS=1 builds them)")
+    for row in gemv:
+        hlo = _fp8_hlo(f"{row.id},splits=2,promotion=8", m=row.tile_m, k=512)
+        assert _fp8_calls(hlo) == [("jax_swiglu_gemv_fp8_silu_bf16", row.id)]
+        assert re.search(r"splits = 2 : i64", hlo) and re.search(r"promotion = 8 : i64", hlo)
+        assert re.search(r"promotion = 4 : i64", _fp8_hlo(f"{row.id}", m=1, k=512))
+        with pytest.raises(ValueError, match="at most"):
+            _fp8_hlo(f"{row.id}", m=row.tile_m + 1, k=512)
+        with pytest.raises(ValueError, match="promotes after whole k tiles of 4 wgmma"):
+            _fp8_hlo(f"{row.id},promotion=2", m=1, k=512)
+        with pytest.raises(ValueError, match="cluster"):
+            _fp8_hlo(f"{row.id},splits=3", m=1, k=512)
+
+
 def _fp8_row(**fields):
     """The one e4m3 row with ``fields`` (promoted accumulation unless they say otherwise)."""
     fields.setdefault("accumulation", "promoted")
