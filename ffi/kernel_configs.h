@@ -305,6 +305,7 @@ constexpr bool IsValidRow(const KernelConfig& c) {
            (c.schedule == Schedule::Pingpong ||
             (c.schedule == Schedule::Cooperative && c.tile_m == 128)) &&
            c.tile_n / 2 <= 256 && (c.cluster_m == 1 || c.cluster_m == 2) && c.cluster_n == 1 &&
+           (c.tile_n / 2 / kGateUpBlock) % c.cluster_m == 0 &&  // whole runs a CTA multicasts
            c.scheduler == TileScheduler::Persistent && c.store == OutputStore::TmaStore &&
            c.m_bands == 1;
   }

@@ -54,9 +54,11 @@ def test_swap_ab_odd_shapes(config, operands, m, k, n, key):
 # (K, N): a 7B-sized MLP (2N = 22016: 86 CTAs of 256 packed columns, the last whole), a small
 # one (the last CTA a quarter full), K not a multiple of 64 nor of 8 splits' steps, N not a
 # multiple of 32 (padded), and K of one 8-row step (no split possible). The e4m3 rows' K
-# are multiples of 16 (their rows of fp8 are 16-byte aligned): one k tile of 128 and a part.
+# are multiples of 16 (their rows of fp8 are 16-byte aligned): one k tile of 128 and a part,
+# and 9 k tiles, which 8 splits leave some CTAs without (their sums are zeros).
 GEMV_SHAPES = {"16bit": [(4096, 11008), (896, 4864), (1000, 200), (136, 72), (8, 40)],
-               "e4m3": [(4096, 11008), (896, 4864), (1008, 200), (144, 72), (16, 40)]}
+               "e4m3": [(4096, 11008), (896, 4864), (1152, 200), (1008, 200), (144, 72),
+                        (16, 40)]}
 
 
 def _gemv_cases():

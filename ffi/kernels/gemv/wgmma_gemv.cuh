@@ -125,7 +125,7 @@ struct WgmmaGemv {
   struct Params {
     cute::TmaDescriptor w;  // the weights as stored, in the stage's boxes (EncodeWgmmaGemvWeights)
     TmaX tma_x;
-    GemvParams gemv;  // steps_per_split counts 64-row k tiles
+    GemvParams gemv;  // steps_per_split counts k tiles (kTileK rows)
   };
 };
 

@@ -68,10 +68,14 @@ struct GateThenUpMainloop {
   static constexpr int kTileN = kTilePacked / 2;  // one pass: gate (or up) columns
   static constexpr int kTileK = cute::size<2>(TileShape{});
   static_assert(kTileN % kGateUpBlock == 0, "a pass tile must be whole gate (or up) blocks");
+  // Each CTA of a cluster loads and multicasts an equal share of a pass tile's runs (CuTe
+  // splits the box's outer mode; a fraction of a run would misplace data and bytes).
+  static_assert((kTileN / kGateUpBlock) % kClusterM == 0,
+                "a pass tile's runs must split evenly over the cluster");
   // One pass of the mainloop covers this (M, N, K) tile.
   using PassShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
 
-  // wgmma 64 x tile_n/2 x 16 atoms, A (x) K-major and B (weights) N-major from smem; one
+  // wgmma 64 x (a pass's tile_n / 2) x 16 atoms, A (x) K-major and B (weights) N-major from smem; one
   // warpgroup per tile (pingpong) or two, 64 rows each (cooperative). Over the kernel's
   // (tile_m, tile_n) tile this gives MMA_N = 2: index 0 is the gate accumulator, 1 the up
   // accumulator (SequentialPairs in the epilogue).
