@@ -75,12 +75,12 @@ struct GateThenUpMainloop {
   // One pass of the mainloop covers this (M, N, K) tile.
   using PassShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
 
-  // wgmma 64 x (a pass's tile_n / 2) x 16 atoms, A (x) K-major and B (weights) N-major from smem; one
-  // warpgroup per tile (pingpong) or two, 64 rows each (cooperative). Over the kernel's
-  // (tile_m, tile_n) tile this gives MMA_N = 2: index 0 is the gate accumulator, 1 the up
-  // accumulator (SequentialPairs in the epilogue).
-  using WarpGroupLayout = cute::conditional_t<kCooperative, cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>,
-                                              cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>>;
+  // wgmma 64 x (a pass's tile_n / 2) x 16 atoms, A (x) K-major and B (weights) N-major from
+  // smem; one warpgroup per tile (pingpong) or two, 64 rows each (cooperative). Over the
+  // kernel's (tile_m, tile_n) tile this gives MMA_N = 2: index 0 is the gate accumulator, 1
+  // the up accumulator (SequentialPairs in the epilogue).
+  using WarpGroupLayout =
+      cute::Layout<cute::Shape<cute::Int<kCooperative ? 2 : 1>, cute::_1, cute::_1>>;
   static_assert(!kCooperative || kTileM == 128, "the cooperative tile: 64 rows per warpgroup");
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<ElementA, ElementB, float, PassShape, cute::GMMA::Major::K,
