@@ -20,16 +20,26 @@ namespace jax_swiglu {
 // says which (block, mma_n) hold gate values, where their up partners are, which output
 // column a gate's tile-local packed column is, and how the pair combines.
 
+// How every policy combines a gate with its up partner: act(g) * u in fp32.
+// kAlternateReciprocal: the sigmoid's reciprocal alternates Newton (even columns) and
+// MUFU.RCP (odd), for the cooperative schedule, or is MUFU.RCP on both, for pingpong (see
+// Sigmoid). kActivation: the gate's activation (Activate). `column`: 0 or 1, which of a
+// thread's two adjacent columns.
+template <bool kAlternateReciprocal, Activation kActivation>
+struct GatedProduct {
+  template <int column>
+  CUTLASS_DEVICE static float Combine(float gate, float up) {
+    return Activate<kActivation, kAlternateReciprocal && column == 0>(gate) * up;
+  }
+};
+
 // Interleaved kernel: the tile spans [gate block | up block | ...] of kGateUpBlock columns
 // each, so the up partner of 8-column block q of the tile (q = mma_n * kBlocks + block) is
 // block q + kGateUpBlock / 8, and the activation is still due. In every compiled config the
 // atom holds whole pairs (config 8's 320-wide tile runs 64-wide atoms), so the partner is in
 // the same atom; an atom width that is not a multiple of 64 (say 160) would put it in the next.
-// kAlternateReciprocal: the sigmoid's reciprocal alternates Newton (even columns) and
-// MUFU.RCP (odd), for the cooperative schedule, or is MUFU.RCP on both, for pingpong (see
-// Sigmoid). kActivation: the gate's activation (Activate).
 template <bool kAlternateReciprocal, Activation kActivation>
-struct InterleavedPairs {
+struct InterleavedPairs : GatedProduct<kAlternateReciprocal, kActivation> {
   static constexpr int kBlocksPerHalf = kGateUpBlock / 8;
   template <int kBlocks>
   CUTLASS_HOST_DEVICE static constexpr bool IsGate(int block, int mma_n) {
@@ -45,11 +55,6 @@ struct InterleavedPairs {
   }
   CUTLASS_HOST_DEVICE static constexpr int OutputColumn(int packed_n) {
     return (packed_n / (2 * kGateUpBlock)) * kGateUpBlock + packed_n % kGateUpBlock;
-  }
-  // `column`: 0 or 1, which of a thread's two adjacent columns (see Sigmoid for why).
-  template <int column>
-  CUTLASS_DEVICE static float Combine(float gate, float up) {
-    return Activate<kActivation, kAlternateReciprocal && column == 0>(gate) * up;
   }
 };
 
@@ -84,10 +89,10 @@ inline constexpr bool kIsInterleavedPairs<InterleavedPairs<kAlternateReciprocal,
     true;
 
 // Gate-then-up kernel: the gate pass accumulates into MMA_N index 0 and the up pass into
-// index 1; the activation is due here, as in InterleavedPairs (same template parameters),
-// so it runs in the epilogue, outside the mainloop's ordered region of the pingpong schedule.
+// index 1; the activation is due here, as in InterleavedPairs, so it runs in the epilogue,
+// outside the mainloop's ordered region of the pingpong schedule.
 template <bool kAlternateReciprocal, Activation kActivation>
-struct SequentialPairs {
+struct SequentialPairs : GatedProduct<kAlternateReciprocal, kActivation> {
   template <int kBlocks>
   CUTLASS_HOST_DEVICE static constexpr bool IsGate(int /*block*/, int mma_n) {
     return mma_n == 0;
@@ -101,10 +106,6 @@ struct SequentialPairs {
     return 1;
   }
   CUTLASS_HOST_DEVICE static constexpr int OutputColumn(int packed_n) { return packed_n; }
-  template <int column>
-  CUTLASS_DEVICE static float Combine(float gate, float up) {
-    return Activate<kActivation, kAlternateReciprocal && column == 0>(gate) * up;
-  }
 };
 
 // A 32-column run of the layout is 4 of a wgmma fragment's 8-column blocks; in each, lane

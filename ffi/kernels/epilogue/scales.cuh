@@ -7,23 +7,9 @@
 #include <cutlass/cutlass.h>
 
 #include "../mainloop/edge_tiles.cuh"
+#include "scale_params.cuh"
 
 namespace jax_swiglu {
-
-// x row m's scale x_scale[m], packed column p's w_scale[p * w_scale_stride] (stride 1: a
-// scale per packed column; 0: one for all). Null for the 16-bit kernels.
-struct ScaleParams {
-  float const* x_scale = nullptr;
-  float const* w_scale = nullptr;
-  int w_scale_stride = 0;
-};
-
-CUTLASS_DEVICE float TokenScale(ScaleParams const& scales, int row) {
-  return __ldg(scales.x_scale + row);
-}
-CUTLASS_DEVICE float ColumnScale(ScaleParams const& scales, int column) {
-  return __ldg(scales.w_scale + column * scales.w_scale_stride);
-}
 
 // The 16-bit kernels: the accumulators are the products.
 struct NoScales {

@@ -21,6 +21,7 @@
 #include "../../kernel_configs.h"
 #include "../../launch.h"
 #include "../activations.cuh"
+#include "../epilogue/scale_params.cuh"
 
 namespace jax_swiglu {
 
@@ -53,12 +54,10 @@ struct GemvParams {
   int m, n, k;
   int packed_columns;  // 2 * n_packed
   int steps_per_split;  // steps of K (the form's tile_k rows each) per split
-  // e4m3 operands (SwigluProblem's): token m's sums times x_scale[m], packed column c's
-  // times w_scale[c * w_scale_stride]; the tensor cores' sums promoted into fp32 ones every
-  // `promotion` wgmma (of 32 of K), or once at the end (kFastAccumulation).
-  const float* x_scale;
-  const float* w_scale;
-  int w_scale_stride;
+  // e4m3 operands (SwigluProblem's): the sums times their token's and packed column's scale;
+  // the tensor cores' sums promoted into fp32 ones every `promotion` wgmma (of 32 of K), or
+  // once at the end (kFastAccumulation).
+  ScaleParams scales;
   int promotion;
 };
 
@@ -126,10 +125,10 @@ __device__ __forceinline__ void ReduceSplitsAndStore(const GemvParams& p, float*
     float gate = shared[t * kStride + column];
     float up = shared[t * kStride + kGateUpBlock + column];
     if constexpr (kScaled) {
-      const int64_t packed = int64_t(blockIdx.y) * kColumns + column;
-      const float x_scale = p.x_scale[t];
-      gate = gate * x_scale * p.w_scale[packed * p.w_scale_stride];  // (as scales.cuh)
-      up = up * x_scale * p.w_scale[(packed + kGateUpBlock) * p.w_scale_stride];
+      const int packed = int(blockIdx.y) * kColumns + column;  // < 2^31 (CannotRun)
+      const float x_scale = TokenScale(p.scales, t);
+      gate *= x_scale * ColumnScale(p.scales, packed);  // (as the swap-AB epilogue)
+      up *= x_scale * ColumnScale(p.scales, packed + kGateUpBlock);
     }
     out[int64_t(t) * p.n + n] = E::Round(Activate<kActivation, false>(gate) * up);
   }
@@ -146,9 +145,7 @@ inline GemvParams MakeGemvParams(const SwigluProblem& p, int rows) {
                     static_cast<int>(p.k),
                     static_cast<int>(2 * p.n_packed),
                     (steps + p.splits - 1) / p.splits,
-                    p.x_scale,
-                    p.w_scale,
-                    p.w_scale_stride,
+                    {p.x_scale, p.w_scale, p.w_scale_stride},
                     p.fp8_promotion};
 }
 
