@@ -91,11 +91,11 @@
 // workspace around the weight stream;
 // the tensor-core ones stream 128 or 256 packed columns by TMA for up to 16 tokens. Both
 // split K over a cluster of `splits` CTAs (the launch attribute: 1, 2, 4 or 8) whose sums
-// meet in distributed shared memory in rank order; the e4m3 tensor-core ones (Optional until
-// the GPU has run them) stream half the bytes of the 16-bit ones for the same columns. The
-// gate-then-up rows past the first (192 output columns a pass, the weights multicast over a
-// 2-CTA cluster; docs/design.md) stay Optional until the GPU has timed them beside the
-// interleaved tiles.
+// meet in distributed shared memory in rank order; the e4m3 tensor-core ones stream half the
+// bytes of the 16-bit ones for the same columns, and an fp8 decode call runs them. The
+// gate-then-up rows: the kernel="gate_then_up" value needs one in every build, the fastest
+// of them (the cooperative 192-column pass, its weights multicast over a 2-CTA cluster;
+// docs/design.md); the 128 x 128 pingpong row and the 64-row pingpong one are Optional.
 // X(id, family, operands, accumulation, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
 //   cluster_n, scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \
@@ -121,7 +121,7 @@
   X(19, Interleaved, Bits16, Promoted, Cooperative, Weights, 32, 128, 64, 1, 1, StreamK, DirectStore, 1, Always)     \
   X(20, Interleaved, Bits16, Promoted, Cooperative, Weights, 64, 128, 64, 1, 1, StreamK, DirectStore, 1, Optional)   \
   X(21, Interleaved, Bits16, Promoted, Cooperative, Weights, 16, 256, 64, 1, 1, StreamK, DirectStore, 1, Always)     \
-  X(22, GateThenUp, Bits16, Promoted, Pingpong, Tokens, 128, 128, 64, 1, 1, Persistent, TmaStore, 1, Always)         \
+  X(22, GateThenUp, Bits16, Promoted, Pingpong, Tokens, 128, 128, 64, 1, 1, Persistent, TmaStore, 1, Optional)       \
   X(23, Gemv, Bits16, Promoted, CudaCores, Weights, 1, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
   X(24, Gemv, Bits16, Promoted, CudaCores, Weights, 2, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
   X(25, Gemv, Bits16, Promoted, CudaCores, Weights, 4, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
@@ -154,10 +154,10 @@
   X(52, Interleaved, Fp8E4m3, Promoted, Pingpong, Tokens, 64, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
   X(53, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 2, Persistent, DirectStore, 1, Always)   \
   X(54, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 1, StreamK, DirectStore, 1, Optional) \
-  X(55, GateThenUp, Bits16, Promoted, Cooperative, Tokens, 128, 384, 64, 2, 1, Persistent, TmaStore, 1, Optional) \
+  X(55, GateThenUp, Bits16, Promoted, Cooperative, Tokens, 128, 384, 64, 2, 1, Persistent, TmaStore, 1, Always)   \
   X(56, GateThenUp, Bits16, Promoted, Pingpong, Tokens, 64, 384, 64, 2, 1, Persistent, TmaStore, 1, Optional) \
-  X(57, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 128, 128, 1, 1, ClusterSplitK, DirectStore, 1, Optional) \
-  X(58, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 256, 128, 1, 1, ClusterSplitK, DirectStore, 1, Optional)
+  X(57, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 128, 128, 1, 1, ClusterSplitK, DirectStore, 1, Always) \
+  X(58, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 256, 128, 1, 1, ClusterSplitK, DirectStore, 1, Always)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);

@@ -253,8 +253,9 @@ def test_output_store_paths_are_reported():
 
 
 def test_every_gate_then_up_row_lowers_as_forced():
-    """Each gate-then-up row (the clustered ones in builds with every config) lowers to its
-    family's target with its id, at a ragged M and K not a multiple of its k tile."""
+    """Each gate-then-up row (the cooperative clustered one in every build, the pingpong ones
+    in builds with every config) lowers to its family's target with its id, at a ragged M
+    and K not a multiple of its k tile."""
     rows = _rows("gate_then_up")
     assert rows
     for row in rows:

@@ -546,7 +546,8 @@ def test_fp8_rule_follows_tokens_waves_and_the_sm_count():
     or 128 x 192 tiles, persistent on 2x1 clusters where the last wave is full (or there are
     many waves), stream-K where a few waves end ragged, as the SM count makes them."""
     rows = _fp8_rows()
-    swap16, swap64 = _fp8_row(m_side="weights", tile_m=16), _fp8_row(m_side="weights", tile_m=64)
+    swap16 = _fp8_row(m_side="weights", tile_m=16, is_gemv=False)
+    swap64 = _fp8_row(m_side="weights", tile_m=64)
     persistent = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
     wide = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=192)
     stream_k = _fp8_row(m_side="tokens", scheduler="stream-k")
@@ -566,12 +567,16 @@ def test_fp8_rule_follows_tokens_waves_and_the_sm_count():
 def test_fp8_calls_follow_the_rule_without_fp8_data():
     """No fp8 tuning data ships: the engine's heuristic step decides every fp8 call, among
     the rows every build compiles (N = 4096: 64 columns of 128 x 128 tiles)."""
-    swap16, swap64 = _fp8_row(m_side="weights", tile_m=16), _fp8_row(m_side="weights", tile_m=64)
+    swap64 = _fp8_row(m_side="weights", tile_m=64)
     persistent = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
     wide = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=192)
     stream_k = _fp8_row(m_side="tokens", scheduler="stream-k")
     swap160 = _fp8_row(m_side="weights", tile_m=160)
-    expected = {1: swap16, 16: swap16, 64: swap64,
+    gemv = {row.id for row in _fp8_rows() if row.is_gemv and not row.optional}
+    for m in (1, 16):  # decode: the e4m3 gemv rows (test_fp8_decode_streams_through_the_gemv)
+        choice = selection.choose(selection.Problem(m, 4096, 4096, "bfloat16", "e4m3"))
+        assert choice.launch.config in gemv and choice.source == "heuristic", m
+    expected = {64: swap64,
                 300: swap160,      # 2 x 64 swap-AB tiles of 160 tokens: one wave
                 384: stream_k,     # 3 x 64 tiles: 1.45 waves, the last 45 % full
                 2048: persistent,  # 16 x 64 tiles: 7.8 waves
@@ -579,6 +584,36 @@ def test_fp8_calls_follow_the_rule_without_fp8_data():
     for m, row in expected.items():
         choice = selection.choose(selection.Problem(m, 4096, 4096, "bfloat16", "e4m3"))
         assert choice.launch == _launch.Launch(row.id) and choice.source == "heuristic", m
+
+
+@requires_kernels
+def test_fp8_decode_streams_through_the_gemv():
+    """Up to 16 tokens an e4m3 call runs the tensor-core gemv row that the cost model predicts
+    fastest from its CTAs' waves and bytes, K unsplit: on a 72B-sized shape (K = 8192,
+    N = 29568) the 256-column tile (231 CTAs, each streaming twice the columns of the
+    128-column tile's 462); on a short one (K = 1024, N = 2816) too the grid is not split,
+    though it leaves SMs idle. 17 tokens leave the gemv rows."""
+    wide = _fp8_row(is_gemv=True, tile_n=256)
+    device = _engine.target_device()
+    constants = _data.shipped(device.kind).constants
+    gemv_rows = [row for row in _fp8_rows() if row.is_gemv and not row.optional]
+    assert {row.tile_n for row in gemv_rows} == {128, 256}
+    for (n, k) in ((29568, 8192), (2816, 1024), (4096, 4096)):
+        predicted = {key: us for (key, splits), us in _heuristic.model_alone(
+            gemv_rows, _model.Problem(1, n, k, 1), device, constants,
+            _engine.split_choices).items() if splits == 1}
+        for m in (1, 5, 16):
+            choice = selection.choose(selection.Problem(m, n, k, "bfloat16", "e4m3"))
+            row = _native.kernel_configs()[choice.launch.config]
+            assert row.is_gemv and row.operands == "e4m3", (n, k, m)
+            assert choice.launch.splits == 1 and choice.source == "heuristic", (n, k, m)
+            if m == 1:
+                assert predicted[row.key] == min(predicted.values()), (n, k)
+            assert "gemv" in choice.reason and "K unsplit" in choice.reason
+    big = selection.choose(selection.Problem(1, 29568, 8192, "bfloat16", "e4m3"))
+    assert big.launch == _launch.Launch(wide.id)
+    past = selection.choose(selection.Problem(17, 4096, 4096, "bfloat16", "e4m3"))
+    assert not _native.kernel_configs()[past.launch.config].is_gemv
 
 
 @requires_kernels

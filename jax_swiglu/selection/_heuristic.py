@@ -2,7 +2,9 @@
 
 * 16-bit operands: the cost model (_model.py) ranks every candidate launch from tiles, waves
   on this GPU's SMs and bytes, with the XLA path predicted the same way.
-* e4m3 operands, which have no tuning data yet: a rule of waves. Few tokens (M up to the
+* e4m3 operands, which have no tuning data yet: at decode (up to the gemv rows' tokens) the
+  tensor-core gemv row the cost model predicts fastest, K unsplit (the weights streamed
+  once, no workspace); else a rule of waves. Few tokens (M up to the
   largest stream-K swap-AB tile) stream the weights once, so the tensor cores' M side should
   be the weights (swap-AB), with the smallest token tile that holds M (less shared memory per
   stage, more stages in flight) and stream-K spreading the K loop over every SM whatever the
@@ -50,6 +52,9 @@ def decide(problem, model: _model.Problem, candidates, device, data, xla_allowed
         raise RuntimeError("jax_swiglu: no tuning data file is shipped, so the cost model has "
                            "no constants; reinstall the package")
     if problem.operands == "e4m3":
+        gemv = _e4m3_gemv(model, candidates, device, data.constants)
+        if gemv is not None:
+            return Decision(gemv[0], "heuristic", gemv[1])
         config, reason = waves_rule(problem.m, problem.n, problem.k, device.sm_count,
                                     candidates, data.heuristics["e4m3"],
                                     promoted=problem.accumulation != "fast")
@@ -73,6 +78,27 @@ def decide(problem, model: _model.Problem, candidates, device, data, xla_allowed
                                                      else "") + f" {_fmt(others[0][0])}")
     return Decision(_launch.Launch(best_id, best_splits), "heuristic",
                     f"predicted {_fmt(best_us)}{runner_up} ({basis})")
+
+
+def _e4m3_gemv(model: _model.Problem, candidates, device, constants):
+    """(launch, reason) of the e4m3 tensor-core gemv rows for a decode call (at most the
+    rows' tokens), or None: the weights streamed once with no workspace, the row the cost
+    model predicts fastest from its CTAs' waves on this GPU's SMs and its bytes. Unsplit:
+    the model does not price a cluster's reduction (each extra CTA's partial sums through
+    distributed shared memory, then a cluster barrier), and the measured tensor-core gemv
+    splits (the 16-bit rows' tuning data, the fp8 decode runs) lose to the unsplit grid
+    wherever it holds a few dozen CTAs; fp8 tuning data will let the learned rule split."""
+    rows = [c for c in candidates if c.is_gemv and not c.optional and c.runs(model.m)]
+    predicted = model_alone(rows, model, device, constants, lambda config, k: (1,))
+    if not predicted:
+        return None
+    (key, _), us = min(predicted.items(), key=lambda item: item[1])
+    config = next(c for c in rows if c.key == key)
+    ctas = math.ceil(model.packed / config.tile_n)
+    return (_launch.Launch(config.id),
+            f"M={model.m} tokens: the e4m3 gemv row of {config.tile_n} packed columns a CTA "
+            f"({ctas} CTAs on {device.sm_count} SMs, K unsplit), predicted {_fmt(us)} "
+            f"(the cost model alone)")
 
 
 def model_alone(candidates, model: _model.Problem, device, constants, splits_of) -> dict:
