@@ -5,13 +5,14 @@
 
 Every row times, side by side in one run, on the same weights (quantized per channel from
 the same bf16 weights):
-  fp8        jax_swiglu.swiglu(x, quantized): bf16 x quantized per row by an XLA pre-pass,
-             then the fused fp8 kernel the fp8 rule picks (what a model calls), promoted
-             accumulation (the default)
+  fp8        jax_swiglu.swiglu(x, quantized): bf16 x quantized per row by jax_swiglu's
+             kernel, then the fused fp8 kernel the fp8 rule picks (what a model calls),
+             promoted accumulation (the default)
   fp8_fast   the same with accumulation="fast" (one promotion, after the last k tile)
   fp8_xq     the promoted kernel on x already in fp8 (x_scale given): the kernel alone
   fp8_fast_xq  the same with accumulation="fast"
-  xla_fp8    XLA's own fp8 path on the same quantized weights: the same pre-pass, XLA's
+  xla_fp8    XLA's own fp8 path on the same quantized weights: x quantized per row by
+             XLA (quantize_tokens' fusions: the same values as our kernel's), XLA's
              scaled fp8 dot (cuBLASLt's fp8 GEMM) at default precision, which asks for fast
              accumulation, scales, act(g) * u (jax_swiglu._reference.swiglu_xla_quantized;
              jax_swiglu's own XLA path for fp8 weights is the exact fp32 reference instead)

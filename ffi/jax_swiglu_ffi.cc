@@ -247,8 +247,48 @@ ffi::Error SwigluGrouped(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> e
       stream, problem, no_workspace, config, swizzle, raster, splits, /*promotion=*/4);
 }
 
+// An e4m3 call's 16-bit tokens, quantized per row before its fused kernel: x [M, K] ->
+// x_q [M, K] float8_e4m3fn and x_scale [M] float32, jax_swiglu.quantize_tokens' values bit
+// for bit (kernels/quantize_rows.cuh).
+template <ffi::DataType T>
+ffi::Error QuantizeRows(cudaStream_t stream, ffi::Buffer<T> x, ffi::Result<ffi::AnyBuffer> x_q,
+                        ffi::Result<ffi::Buffer<ffi::DataType::F32>> x_scale) {
+  auto xd = x.dimensions(), qd = x_q->dimensions();
+  if (xd.size() != 2 || qd.size() != 2 || qd[0] != xd[0] || qd[1] != xd[1] ||
+      static_cast<int64_t>(x_scale->element_count()) != xd[0]) {
+    return ffi::Error::InvalidArgument(
+        "jax_swiglu quantize_rows: expected x [M, K], x_q [M, K], x_scale [M]; got " +
+        Dims(xd) + ", " + Dims(qd) + ", " + Dims(x_scale->dimensions()));
+  }
+  if (x_q->element_type() != ffi::DataType::F8E4M3FN) {
+    return ffi::Error::InvalidArgument("jax_swiglu quantize_rows: x_q must be float8_e4m3fn");
+  }
+  if (xd[0] == 0) return ffi::Error::Success();  // nothing to write
+  DeviceFacts device;
+  if (ffi::Error e = CheckDevice(&device); e.failure()) return e;
+  if (std::string err = LaunchQuantizeRows<ElementTagFor<T>>(
+          x.untyped_data(), xd[0], xd[1], x_q->untyped_data(), x_scale->typed_data(), device,
+          stream);
+      !err.empty()) {
+    return ffi::Error::Internal("jax_swiglu: " + err);
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jax_swiglu
+
+#define JAX_SWIGLU_DEFINE_QUANTIZE_HANDLER(symbol, dtype)                                 \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, jax_swiglu::QuantizeRows<dtype>,                 \
+                                ffi::Ffi::Bind()                                         \
+                                    .Ctx<ffi::PlatformStream<cudaStream_t>>()            \
+                                    .Arg<ffi::Buffer<dtype>>()                           \
+                                    .Ret<ffi::AnyBuffer>()                               \
+                                    .Ret<ffi::Buffer<ffi::DataType::F32>>(),             \
+                                {ffi::Traits::kCmdBufferCompatible})
+JAX_SWIGLU_DEFINE_QUANTIZE_HANDLER(JaxSwigluQuantizeRowsBf16, ffi::DataType::BF16);
+JAX_SWIGLU_DEFINE_QUANTIZE_HANDLER(JaxSwigluQuantizeRowsF16, ffi::DataType::F16);
+#undef JAX_SWIGLU_DEFINE_QUANTIZE_HANDLER
 
 #define JAX_SWIGLU_DEFINE_GROUPED_HANDLER(symbol, activation, dtype)                      \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                         \
@@ -408,6 +448,17 @@ struct Target {
 const Target kTargets[] = {JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_TARGETS)};
 #undef JAX_SWIGLU_TARGETS
 
+// The per-row token quantization before an e4m3 kernel: its target per input dtype.
+struct QuantizeTarget {
+  const char* name;
+  const char* dtype;
+  XLA_FFI_Error* (*handler)(XLA_FFI_CallFrame*);
+};
+const QuantizeTarget kQuantizeTargets[] = {
+    {"jax_swiglu_quantize_rows_e4m3_bf16", "bfloat16", JaxSwigluQuantizeRowsBf16},
+    {"jax_swiglu_quantize_rows_e4m3_f16", "float16", JaxSwigluQuantizeRowsF16},
+};
+
 const KernelConfig& Row(int64_t config) {
   if (config < 0 || config >= jax_swiglu::kConfigCount) {
     throw std::invalid_argument("jax_swiglu: unknown kernel config " + std::to_string(config));
@@ -457,6 +508,16 @@ NB_MODULE(_kernels, m) {
   m.def("registrations", []() {
     nb::dict d;
     for (const Target& t : kTargets) d[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
+    for (const QuantizeTarget& t : kQuantizeTargets) {
+      d[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
+    }
+    return d;
+  });
+
+  // Input dtype -> the target that quantizes 16-bit tokens per row to e4m3.
+  m.def("quantize_targets", []() {
+    nb::dict d;
+    for (const QuantizeTarget& t : kQuantizeTargets) d[t.dtype] = t.name;
     return d;
   });
 

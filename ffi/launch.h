@@ -124,6 +124,14 @@ size_t GateThenUpWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts&
 template <int ConfigId, class Element, Activation kActivation>
 size_t GemvWorkspaceBytes(const SwigluProblem& problem, const DeviceFacts& device);
 
+// Quantizes the 16-bit tokens x [m, k] (`Element`) per row to e4m3 x_q [m, k] with fp32
+// scales x_scale [m], as jax_swiglu.quantize_tokens does, bit for bit (kernels/
+// quantize_rows.cuh): what an e4m3 call of 16-bit tokens runs before its fused kernel. k a
+// multiple of 8.
+template <class Element>
+std::string LaunchQuantizeRows(const void* x, int64_t m, int64_t k, void* x_q, float* x_scale,
+                               const DeviceFacts& device, cudaStream_t stream);
+
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` once per device (a function
 // attribute is per device; setting it is a host call, kept out of the per-call path).
 // Returns an error message or "".

@@ -16,6 +16,7 @@ import functools
 import importlib.util
 
 import jax
+import jax.numpy as jnp
 
 from . import _layout
 
@@ -168,6 +169,18 @@ def targets() -> dict[tuple[str, str, str, str, bool], str]:
         return {}
     return {(t["family"], t["operands"], t["activation"], t["dtype"], t["grouped"]): t["name"]
             for t in _kernels.targets()}
+
+
+def quantize_target(dtype) -> str:
+    """The FFI target that quantizes 16-bit tokens per row to e4m3 before an fp8 kernel
+    (``quantize_tokens``' values), for x of ``dtype``."""
+    _require()
+    return _quantize_targets()[jnp.dtype(dtype).name]
+
+
+@functools.cache
+def _quantize_targets() -> dict[str, str]:
+    return dict(_kernels.quantize_targets())
 
 
 @functools.cache

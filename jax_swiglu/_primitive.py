@@ -10,7 +10,9 @@ The operands follow the weights format (``_layout.py`` defines both layouts):
 * ``weights="packed"``: ``x [M, K]`` and the packed ``[K, 2 N_pad]`` matrix, both bfloat16
   or float16 (the output's dtype);
 * ``weights="fp8"``: ``x_q [M, K]`` fp8 with its per-row fp32 ``x_scale [M]``, and the
-  K-major fp8 ``data [2 N_pad, K]`` with its fp32 ``scales`` (``[2 N_pad]`` or ``[]``).
+  K-major fp8 ``data [2 N_pad, K]`` with its fp32 ``scales`` (``[2 N_pad]`` or ``[]``); or
+  16-bit ``x [M, K]`` (the output's dtype) with ``data`` and ``scales``, x quantized per row
+  inside the call (``quantize_tokens``' values: on CUDA one kernel before the fused one).
 
 ``kernel`` names a family ("auto", "interleaved", "gate_then_up", "gemv", "xla") and
 ``launch`` forces one launch (a ``_launch.Launch``, or None). Both are static parameters, so
@@ -117,7 +119,15 @@ def _check_operands(operands, *, n, weights, kernel, launch, activation, out_dty
                              f"(expected {(k, 2 * _layout.padded_n(n))})")
         _layout.check_alignment(k, n)
         return x.shape[0]
-    x_q, x_scale, data, scales = operands
+    if len(operands) == 3:  # 16-bit x, quantized in the call
+        x, data, scales = operands
+        if x.dtype not in _layout.KERNEL_DTYPES or jnp.dtype(x.dtype).name != out_dtype:
+            raise TypeError(f"jax_swiglu fp8 takes fp8 x_q with x_scale, or bfloat16 or float16 "
+                            f"x of the output's dtype ({out_dtype}); got {x.dtype}")
+        x_q = jax.core.ShapedArray(x.shape, data.dtype)
+        x_scale = jax.core.ShapedArray(x.shape[:1], jnp.float32)
+    else:
+        x_q, x_scale, data, scales = operands
     if x_q.ndim != 2 or data.ndim != 2:
         raise ValueError(f"jax_swiglu fp8 takes x_q [M, K] and data [2 N_pad, K], got "
                          f"{x_q.shape} and {data.shape}")
@@ -144,7 +154,7 @@ def _abstract_eval(*operands, n, weights, kernel, launch, activation, out_dtype,
     x, w = operands[0], operands[-2] if weights == "fp8" else operands[1]
     mesh = next((a.sharding.mesh for a in (x, w) if not a.sharding.mesh.empty), x.sharding.mesh)
     plan = split(weights, [a.sharding.spec for a in operands], mesh.shape, n,
-                 scalar_scales=weights == "fp8" and operands[3].ndim == 0)
+                 scalar_scales=weights == "fp8" and operands[-1].ndim == 0)
     return jax.core.ShapedArray((m, n), jnp.dtype(out_dtype),
                                 sharding=NamedSharding(mesh, plan.result_spec()))
 
@@ -187,17 +197,20 @@ class Split:
     n_axes: tuple[str, ...]
     local_n: int
     scalar_scales: bool = False
+    quantizes_x: bool = False  # fp8 weights with 16-bit x (no x_scale operand)
 
     def result_spec(self) -> P:
         return P(self.m_axes or None, self.n_axes or None)
 
     def operand_specs(self) -> tuple[P, ...]:
         """Each operand's spec, K replicated in all: x [M, K] and packed [K, 2 N_pad]; or x_q
-        [M, K], x_scale [M], data [2 N_pad, K] and scales [2 N_pad] (or [])."""
+        [M, K], x_scale [M] (or 16-bit x [M, K]), data [2 N_pad, K] and scales [2 N_pad] (or
+        [])."""
         m, n = self.m_axes or None, self.n_axes or None
         if self.weights == "packed":
             return P(m, None), P(None, n)
-        return P(m, None), P(m), P(n, None), P() if self.scalar_scales else P(n)
+        tokens = (P(m, None),) if self.quantizes_x else (P(m, None), P(m))
+        return *tokens, P(n, None), P() if self.scalar_scales else P(n)
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -223,11 +236,11 @@ def split(weights: str, specs, axis_sizes, n: int, scalar_scales: bool = False) 
     if weights == "packed":
         n_axes = _axes(_padded(specs[1], 2)[1])
     else:
-        n_axes = _axes(_padded(specs[2], 2)[0])
+        n_axes = _axes(_padded(specs[-2], 2)[0])
     m_axes = tuple(axis for axis in _axes(x_spec[0]) if axis not in n_axes)
     shards = math.prod(axis_sizes[axis] for axis in n_axes)
     return Split(weights, m_axes, n_axes, _layout.shard_n(n, shards),
-                 weights == "fp8" and scalar_scales)
+                 weights == "fp8" and scalar_scales, weights == "fp8" and len(specs) == 3)
 
 
 def _spec(operand) -> P:
@@ -244,7 +257,7 @@ def choose(operands, *, n, weights, kernel, launch, activation, out_dtype, platf
     """The selection's choice for one device's operands (their avals: local shapes). A fast
     accumulation call chooses among the fast-accumulation rows and the promoted ones, which
     run it with promotion 0."""
-    x, w = operands[0], operands[1] if weights == "packed" else operands[2]
+    x, w = operands[0], operands[1] if weights == "packed" else operands[-2]
     m, k = x.shape
     problem = selection.Problem(m, n, k, out_dtype, operands_of(weights, w.dtype), activation,
                                 accumulation)
@@ -277,7 +290,7 @@ def _partition(n, weights, kernel, launch, activation, out_dtype, accumulation, 
     function (the launch chosen for the local shapes)."""
     del result_shape  # the result's sharding follows from the operands'
     plan = split(weights, [_spec(a) for a in arg_shapes], mesh.shape, n,
-                 scalar_scales=weights == "fp8" and _is_scalar(arg_shapes[3]))
+                 scalar_scales=weights == "fp8" and _is_scalar(arg_shapes[-1]))
 
     def per_device(*operands):
         return _bind_shard(operands, n=plan.local_n, weights=weights, kernel=kernel,
@@ -323,8 +336,9 @@ def _sharding_rule(n, weights, kernel, launch, activation, out_dtype, accumulati
     if weights == "packed":
         rule = f"m x_k, w_k {w_n} -> m {out_n}"
     else:
-        scales = "" if len(operand_types[3].shape) == 0 else w_n
-        rule = f"m x_k, m, {w_n} w_k, {scales} -> m {out_n}"
+        scales = "" if len(operand_types[-1].shape) == 0 else w_n
+        tokens = "m x_k," if len(operand_types) == 3 else "m x_k, m,"
+        rule = f"{tokens} {w_n} w_k, {scales} -> m {out_n}"
     replicated = ("x_k", "w_k", "packed_pair", "block") if tied else ("x_k", "w_k", "n")
     # Shardy wants the special factors in the order the rule first names them.
     names = rule.replace("(", " ").replace(")", " ").replace(",", " ").split()
@@ -352,14 +366,16 @@ def _partitioned_call(operand_count: int):
     return call
 
 
-_PARTITIONED = {"packed": _partitioned_call(2), "fp8": _partitioned_call(4)}
+# By (weights, operand count): fp8 weights take x_q and x_scale, or a 16-bit x.
+_PARTITIONED = {("packed", 2): _partitioned_call(2), ("fp8", 4): _partitioned_call(4),
+                ("fp8", 3): _partitioned_call(3)}
 
 
 def _lowering(platform: str | None):
     """swiglu_p's lowering for ``platform`` (None: the module's own), through the partitioned
     call, which hands the platform on to the choice."""
     def lower(ctx, *operands, n, weights, kernel, launch, activation, out_dtype, accumulation):
-        call = _PARTITIONED[weights]
+        call = _PARTITIONED[weights, len(operands)]
         target = platform or ctx.module_context.platforms[0]
         fn = lambda *ops: call(*ops, n, weights, kernel, launch, activation, out_dtype,  # noqa: E731
                                accumulation, target)
@@ -374,9 +390,26 @@ def _reference_lowering(ctx, *operands, n, weights, launch, activation, out_dtyp
     if weights == "packed":
         fn = functools.partial(_reference.swiglu_reference_packed, n=n, activation=activation)
     else:
-        fn = functools.partial(_reference.swiglu_reference_quantized_operands, n=n,
-                               activation=activation, out_dtype=jnp.dtype(out_dtype))
+        quantized = functools.partial(_reference.swiglu_reference_quantized_operands, n=n,
+                                      activation=activation, out_dtype=jnp.dtype(out_dtype))
+        if len(operands) == 4:
+            fn = quantized
+        else:
+            def fn(x, data, scales):
+                return quantized(*_quantize.quantize_tokens(x, data.dtype), data, scales)
     return mlir.lower_fun(fn, multiple_results=False)(ctx, *operands)
+
+
+def _quantize_lowering(ctx, x, weights_dtype):
+    """16-bit x [M, K] quantized per row on CUDA, one kernel (quantize_tokens' values):
+    (x_q, x_scale) and their avals."""
+    m, k = ctx.avals_in[0].shape
+    avals = [jax.core.ShapedArray((m, k), weights_dtype),
+             jax.core.ShapedArray((m,), jnp.dtype(jnp.float32))]
+    target = _native.quantize_target(ctx.avals_in[0].dtype)
+    results = jax.ffi.ffi_lowering(target)(
+        ctx.replace(avals_in=[ctx.avals_in[0]], avals_out=avals), x)
+    return list(results), avals
 
 
 def _cuda_lowering(ctx, *operands, n, weights, launch, activation, out_dtype):
@@ -384,6 +417,11 @@ def _cuda_lowering(ctx, *operands, n, weights, launch, activation, out_dtype):
         return _reference_lowering(ctx, *operands, n=n, weights=weights, launch=launch,
                                    activation=activation, out_dtype=out_dtype)
     m, k = ctx.avals_in[0].shape
+    if weights == "fp8" and len(operands) == 3:
+        x, data, scales = operands
+        tokens, avals = _quantize_lowering(ctx, x, ctx.avals_in[1].dtype)
+        operands = (*tokens, data, scales)
+        ctx = ctx.replace(avals_in=[*avals, *ctx.avals_in[1:]])
     attributes = launch.ffi_attributes()
     target = launch.target(activation, out_dtype)
     workspace = _native.workspace_bytes(
@@ -411,7 +449,8 @@ mlir.register_lowering(swiglu_shard_p, _cuda_lowering, platform="cuda")
 # --- batching -----------------------------------------------------------------------------
 
 def _batch(args, dims, **params):
-    tokens = 1 if params["weights"] == "packed" else 2  # x (and x_scale) carry the tokens
+    # x (and an fp8 call's x_scale) carry the tokens; the weights are the last two.
+    tokens = 1 if params["weights"] == "packed" else len(args) - 2
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     if all(d is None for d in dims[tokens:]):
         # Weights shared across the batch: fold the batch into M, one kernel call.

@@ -400,8 +400,8 @@ FP8_CALL = re.compile(r"= (\w+\[[\d,]*\])\S* custom-call\(.*?custom_call_target=
 
 def check_fp8_column_parallel(mesh):
     """fp8 weights shard as the 16-bit ones do: column parallel (the weights' packed columns
-    and their scales along N, tokens along M), each device runs the fp8 kernel on its own
-    block with no collective (no all-gather of the weights); the CPU result (the reference,
+    and their scales along N, tokens along M), each device quantizes its own rows of x and
+    runs the fp8 kernel on its own block with no collective (no all-gather of the weights); the CPU result (the reference,
     partitioned) is the unsharded one up to one rounding (the CPU's fp32 dot of a block of
     rows may add in another order than the whole's)."""
     data_shards, model_shards = mesh.shape["data"], mesh.shape["model"]
@@ -425,6 +425,11 @@ def check_fp8_column_parallel(mesh):
         assert dims(result) == [m // data_shards, N // model_shards], calls
         shapes = [dims(s) for s in re.findall(r"\w+\[[\d,]*\]", operands)]
         assert [m // data_shards, K] in shapes and [2 * N // model_shards, K] in shapes, shapes
+        # x is quantized on each device, its own rows, by one kernel before the fused one.
+        quantize = re.findall(r"= \((\w+\[[\d,]*\])\S*, (\w+\[[\d,]*\])\S*\) custom-call\("
+                              r".*?custom_call_target=\"jax_swiglu_quantize_rows_e4m3_bf16\"", hlo)
+        assert [(dims(q), dims(s)) for q, s in quantize] == [([m // data_shards, K],
+                                                               [m // data_shards])], quantize
         assert collectives(hlo) == [], collectives(hlo)
 
 

@@ -34,6 +34,27 @@ def test_primitive_checks_alignment_too(key):
             jax.ShapeDtypeStruct((4, 16), jnp.bfloat16), jax.ShapeDtypeStruct((16, 128), jnp.bfloat16))
 
 
+def test_primitive_checks_the_fp8_call_of_16bit_x():
+    """fp8 weights with a 16-bit x (quantized in the call): x of the output's dtype, its K the
+    weights'; a direct bind that breaks either is refused by the abstract eval."""
+    q = jax_swiglu.quantize_weights(*random_weights(jax.random.key(1), 64, 64, jnp.float32))
+
+    def bind(x, out_dtype="bfloat16"):
+        return jax.eval_shape(
+            lambda x, d, s: jax_swiglu.swiglu_p.bind(
+                x, d, s, n=64, weights="fp8", kernel="auto", launch=None, activation="silu",
+                out_dtype=out_dtype, accumulation="promoted"),
+            x, q.data, q.scales)
+
+    assert bind(jax.ShapeDtypeStruct((4, 64), jnp.bfloat16)).shape == (4, 64)
+    with pytest.raises(TypeError, match="output's dtype"):
+        bind(jax.ShapeDtypeStruct((4, 64), jnp.float16))
+    with pytest.raises(TypeError, match="bfloat16 or float16 x"):
+        bind(jax.ShapeDtypeStruct((4, 64), jnp.float32))
+    with pytest.raises(ValueError, match="do not match K=32"):
+        bind(jax.ShapeDtypeStruct((4, 32), jnp.bfloat16))
+
+
 @pytest.mark.parametrize("shape", [(0, 32), (3, 0, 32), (0,) * 3 + (32,)])
 def test_empty_m(key, shape):
     packed = pack_weights(*random_weights(key, 32, 64))

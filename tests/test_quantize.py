@@ -150,6 +150,11 @@ def test_the_xla_baseline_is_one_fp8_dot():
     assert "-> tensor<8x128xf32>" in dots[0]
 
 
+def _custom_calls(hlo):
+    """Every custom call's target, in program order."""
+    return re.findall(r"stablehlo.custom_call @(\w+)\(", hlo)
+
+
 def _fp8_calls(hlo):
     return [(t, int(c)) for t, c in
             re.findall(r"stablehlo.custom_call @(jax_swiglu_\w+)\(.*?config = (\d+)", hlo)]
@@ -166,8 +171,10 @@ def test_cuda_lowering_runs_the_fp8_launch_the_selection_picks(m, x_dtype, suffi
         jax.ShapeDtypeStruct((m, 256), x_dtype), q).lower(lowering_platforms=("cuda",)).as_text()
     family = "gemv" if choice.launch.row.is_gemv else "interleaved"
     assert _fp8_calls(hlo) == [(f"jax_swiglu_{family}_fp8_silu_{suffix}", choice.launch.config)]
-    # The x pre-pass quantizes to e4m3 in XLA; no dot is left for XLA.
-    assert "stablehlo.dot_general" not in hlo and "f8E4M3FN" in hlo
+    # x is quantized per row by one kernel before the fused one: nothing is left for XLA.
+    assert _custom_calls(hlo) == [f"jax_swiglu_quantize_rows_e4m3_{suffix}",
+                                  f"jax_swiglu_{family}_fp8_silu_{suffix}"]
+    assert "stablehlo.dot_general" not in hlo and "stablehlo.reduce" not in hlo
     text = jax_swiglu.explain(jax.ShapeDtypeStruct((m, 256), x_dtype), q, platform="cuda")
     assert f"config {choice.launch.config}" in text and "heuristic" in text
 

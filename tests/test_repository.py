@@ -41,7 +41,7 @@ def test_no_measurements_in_code():
     pattern = re.compile(r"[0-9]+\.[0-9]+ ?(us|µs|ms)\b|run [0-9]+")
     found = [f"{path.relative_to(REPO)}:{n}" for folder in ("jax_swiglu", "ffi")
              for path in (REPO / folder).rglob("*") if path.is_file()
-             and path.suffix in (".py", ".h", ".cuh", ".cc", ".in")
+             and path.suffix in (".py", ".h", ".cuh", ".cu", ".cc", ".in")
              for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert not found
 

@@ -12,7 +12,13 @@ stack streams them from HBM as a model's layers do. Two times per stack:
            async calls divided by their count): the kernels plus the gaps between them
 
 ``span - kernels`` is what launches and dependencies cost between kernels: the part that
-programmatic dependent launch can hide, and that no isolated kernel time shows.
+programmatic dependent launch can hide, and that no isolated kernel time shows. (Where a
+kernel starts before the previous one ends, both durations count the overlap: the kernel
+sum then exceeds what the stream spent, and only the span shows the gain.)
+
+``--fp8``: the gate/up weights in e4m3 (the down projection stays bf16), against XLA's fp8
+path; jax_swiglu's block quantizes x with its own kernel, which lets the fused kernel start
+at once, and is also timed on x quantized by XLA's fusions.
 """
 
 from __future__ import annotations
@@ -27,32 +33,54 @@ import jax
 import jax.numpy as jnp
 
 import jax_swiglu
+from jax_swiglu import _reference
 
 from .. import bench_swiglu
 from .. import shapes as shapes_lib
 
 
-def _weights(key, k, n, blocks):
+def _weights(key, k, n, blocks, fp8: bool):
     layers = []
     for i in range(blocks):
         kg, ku, kd = jax.random.split(jax.random.fold_in(key, i), 3)
         w_gate = (jax.random.normal(kg, (k, n), jnp.float32) / math.sqrt(k)).astype(jnp.bfloat16)
         w_up = (jax.random.normal(ku, (k, n), jnp.float32) / math.sqrt(k)).astype(jnp.bfloat16)
         w_down = (jax.random.normal(kd, (n, k), jnp.float32) / math.sqrt(n)).astype(jnp.bfloat16)
-        layers.append((w_gate, w_up, w_down, jax_swiglu.pack_weights(w_gate, w_up)))
+        gate_up = (jax_swiglu.quantize_weights(w_gate, w_up) if fp8
+                   else jax_swiglu.pack_weights(w_gate, w_up))
+        layers.append((w_gate, w_up, w_down, gate_up))
     return layers
 
 
-def stacks():
+def stacks(fp8: bool):
+    """The stacks to time, by name; "xla" is the baseline. With fp8 gate/up weights (the
+    down projection in bf16): jax_swiglu's block, whose x is quantized by its own kernel
+    before the fused one ("fused"); the same block on x quantized by XLA's fusions
+    ("fused_xla_q"); XLA's fp8 path (its quantization, cuBLASLt's scaled fp8 dot)."""
     def fused(h, layers):
-        for _, _, w_down, packed in layers:
-            h = h + jax_swiglu.fused_mlp(h, packed, w_down)
+        for _, _, w_down, gate_up in layers:
+            h = h + jax_swiglu.fused_mlp(h, gate_up, w_down)
         return h
 
     def xla(h, layers):
         for w_gate, w_up, w_down, _ in layers:
             h = h + (jax.nn.silu(h @ w_gate) * (h @ w_up)) @ w_down
         return h
+
+    def fused_xla_q(h, layers):
+        for _, _, w_down, gate_up in layers:
+            h_q, h_scale = jax_swiglu.quantize_tokens(h)
+            h = h + jax_swiglu.fused_mlp(h_q, gate_up, w_down, x_scale=h_scale)
+        return h
+
+    def xla_fp8(h, layers):
+        for _, _, w_down, gate_up in layers:
+            h = h + _reference.swiglu_xla_quantized(h, gate_up, accumulation="promoted") @ w_down
+        return h
+
+    if fp8:
+        return {"fused": jax.jit(fused), "fused_xla_q": jax.jit(fused_xla_q),
+                "xla": jax.jit(xla_fp8)}
     return {"fused": jax.jit(fused), "xla": jax.jit(xla)}
 
 
@@ -76,27 +104,35 @@ def main(argv=None) -> int:
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--fp8", action="store_true",
+                        help="fp8 (e4m3) gate/up weights; the baseline is XLA's fp8 path")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    fns = stacks()
+    fns = stacks(args.fp8)
+    names = list(fns)
+    header = ["model", "M", "blocks"]
+    for name in names:
+        header += [f"{name} kernels", f"{name} span", f"{name} gaps"]
+    header += [f"xla span / {name} span" for name in names if name != "xla"]
     lines = ["# Decode stacks: kernel sum and stream span per call (us)", "",
-             f"`python -m benchmarks.research.decode_stack {' '.join(sys.argv[1:] if argv is None else argv)}`",
-             "", "| model | M | blocks | fused kernels | fused span | xla kernels | xla span | "
-             "fused gaps | xla gaps | xla span / fused span |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"`python -m benchmarks.research.decode_stack "
+             f"{' '.join(sys.argv[1:] if argv is None else argv)}`", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for model in args.models:
         k, n = shapes_lib.mlp_shape(model)
-        layers = _weights(jax.random.PRNGKey(0), k, n, args.blocks)
+        layers = _weights(jax.random.PRNGKey(0), k, n, args.blocks, args.fp8)
         for m in args.m:
             h = jax.random.normal(jax.random.PRNGKey(m), (m, k), jnp.float32).astype(jnp.bfloat16)
             kernels, _ = bench_swiglu.measure_side_by_side(fns, (h, layers), 20, 2, wall=False)
             kernels = {name: 1e3 * t for name, t in kernels.items()}
             span = {name: span_us(fn, (h, layers), args.calls, args.rounds)
                     for name, fn in fns.items()}
-            lines.append(
-                f"| {model} | {m} | {args.blocks} | {kernels['fused']:.1f} | {span['fused']:.1f} | "
-                f"{kernels['xla']:.1f} | {span['xla']:.1f} | "
-                f"{span['fused'] - kernels['fused']:.1f} | {span['xla'] - kernels['xla']:.1f} | "
-                f"{span['xla'] / span['fused']:.3f} |")
+            cells = [model, str(m), str(args.blocks)]
+            for name in names:
+                cells += [f"{kernels[name]:.1f}", f"{span[name]:.1f}",
+                          f"{span[name] - kernels[name]:.1f}"]
+            cells += [f"{span['xla'] / span[name]:.3f}" for name in names if name != "xla"]
+            lines.append("| " + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")

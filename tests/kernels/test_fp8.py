@@ -1,15 +1,15 @@
 """The e4m3 rows' special cases, on an SM90 GPU: one scale for all, fp8 x with its own
 scales, every promotion interval a row takes, fast accumulation, the HLO naming the fp8
-kernel, and the inputs left as they were. (Every e4m3 row runs the suite of test_base.py too,
-with criterion.py's fp8 allowance.)"""
+kernel, the kernel that quantizes 16-bit x, and the inputs left as they were. (Every e4m3
+row runs the suite of test_base.py too, with criterion.py's fp8 allowance.)"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_swiglu import (Launch, dequantize_down, fused_mlp, quantize_down, quantize_tokens,
-                        swiglu)
+from jax_swiglu import (Launch, _native, dequantize_down, fused_mlp, quantize_down,
+                        quantize_tokens, swiglu)
 from jax_swiglu._reference import fused_mlp_reference_quantized
 
 from criterion import FAST_OFF_PER_MILLION, FEW_OFF_PER_MILLION, check, inputs, rows
@@ -102,7 +102,66 @@ def test_fp8_x_with_its_scales_is_the_same_call(key):
 def test_the_hlo_names_the_fp8_kernel(key):
     x, q = inputs(key, 8, 1024, 2816, jnp.dtype(jnp.bfloat16), "e4m3")
     hlo = jax.jit(lambda x, q: swiglu(x, q)).lower(x, q).as_text()
+    assert "jax_swiglu_gemv_fp8_silu_bf16" in hlo and "jax_swiglu_quantize_rows_e4m3_bf16" in hlo
+    x, q = inputs(key, 64, 1024, 2816, jnp.dtype(jnp.bfloat16), "e4m3")
+    hlo = jax.jit(lambda x, q: swiglu(x, q)).lower(x, q).as_text()
     assert "jax_swiglu_interleaved_fp8_silu_bf16" in hlo
+
+
+def _quantize_rows(x):
+    """The kernel that quantizes an fp8 call's 16-bit x, called by itself."""
+    m, k = x.shape
+    return jax.ffi.ffi_call(_native.quantize_target(x.dtype),
+                            (jax.ShapeDtypeStruct((m, k), jnp.float8_e4m3fn),
+                             jax.ShapeDtypeStruct((m,), jnp.float32)))(x)
+
+
+def _assert_same_quantization(got, want, nan_rows=()):
+    (q, s), (q_want, s_want) = [[np.asarray(a) for a in pair] for pair in (got, want)]
+    np.testing.assert_array_equal(s.view(np.uint32), s_want.view(np.uint32))
+    q, q_want = q.view(np.uint8), q_want.view(np.uint8)
+    nan, nan_want = (q & 0x7F) == 0x7F, (q_want & 0x7F) == 0x7F  # e4m3fn's NaNs, either sign
+    np.testing.assert_array_equal(nan, nan_want)
+    np.testing.assert_array_equal(np.where(nan, 0, q), np.where(nan_want, 0, q_want))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("m, k", [(1, 16), (5, 1032), (16, 8192), (3, 20480), (300, 4096),
+                                  (2048, 2560)])
+def test_tokens_quantize_in_one_kernel_as_quantize_tokens_does(m, k, dtype, key):
+    """The kernel that quantizes an fp8 call's 16-bit x (one CTA a row) gives
+    quantize_tokens' x_q and x_scale bit for bit: rows of every magnitude the dtype holds
+    (each with e4m3 subnormals near its zeros), an all-zero row (scale 1), K not a multiple
+    of the CTA's 2048 values a pass, and rows longer than the 16384 values it keeps in
+    registers."""
+    top = 12 if dtype == jnp.float16 else 100
+    magnitudes = 2.0 ** jnp.linspace(-14, top, m)
+    x = (jax.random.normal(key, (m, k), jnp.float32) * magnitudes[:, None]).astype(dtype)
+    if m > 2:
+        x = x.at[m // 2].set(0)
+    _assert_same_quantization(jax.jit(_quantize_rows)(x), jax.jit(quantize_tokens)(x))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_tokens_quantize_with_nan_and_inf_as_quantize_tokens_does(dtype, key):
+    """A row with a NaN has scale 1 (its other values quantized as they are, NaN where x is);
+    a row with an infinity has an infinite scale (x_q NaN there, zero elsewhere): as
+    quantize_tokens defines them."""
+    x = jax.random.normal(key, (4, 512), jnp.float32).astype(dtype)
+    x = x.at[1, 7].set(jnp.nan).at[2, 300].set(jnp.inf).at[3, 0].set(-jnp.inf)
+    _assert_same_quantization(jax.jit(_quantize_rows)(x), jax.jit(quantize_tokens)(x))
+
+
+def test_16bit_x_quantized_in_the_call_is_the_same_call(key):
+    """The fused call of 16-bit x (its own quantization kernel first) against the same launch
+    on quantize_tokens' x_q and x_scale: the same bits, at decode (a gemv row) and beyond."""
+    for m in (1, 16, 300):
+        x, q = inputs(key, m, 2048, 2816, jnp.dtype(jnp.bfloat16), "e4m3")
+        a = jax.jit(lambda x, q: swiglu(x, q))(x, q)
+        x_q, x_scale = jax.jit(quantize_tokens)(x)
+        b = jax.jit(lambda x_q, s, q: swiglu(x_q, q, x_scale=s))(x_q, x_scale, q)
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint16),
+                                      np.asarray(b).view(np.uint16))
 
 
 def test_inputs_are_not_modified(key):

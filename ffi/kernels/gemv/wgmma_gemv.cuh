@@ -210,6 +210,16 @@ __global__ void __launch_bounds__(kWgmmaGemvThreads, kCtasPerSm) WgmmaGemvKernel
     // The load warp: one thread issues every box. Programmatic dependent launch: nothing
     // above touched global memory; x and the weights are read past this wait.
     if (lane == 0) {
+      if constexpr (kFp8) {
+        // An e4m3 call of 16-bit tokens quantizes them in a kernel that lets this one start
+        // at once: until it ends, the ring's first stages of weights go to the L2, where
+        // the loads past the wait find them. (A prefetch keeps nothing stale: every write
+        // lands in the L2.)
+        for (int i = 0; i < min(count, G::kStages); ++i) {
+          SM90_TMA_LOAD_2D::PREFETCH::copy(&params.w, (first + i) * G::kTileK,
+                                           int(blockIdx.y) * kColumns);
+        }
+      }
       asm volatile("griddepcontrol.wait;" ::: "memory");
       constexpr uint64_t kWeightHint =
           static_cast<uint64_t>(kEvictFirst ? TMA::CacheHintSm90::EVICT_FIRST
