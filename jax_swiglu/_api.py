@@ -128,8 +128,8 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
         path (:func:`explain` says so).
       x_scale: with fp8 weights (:class:`QuantizedWeights` from :func:`quantize_weights`) and
         an fp8 ``x`` only: ``x``'s float32 per-row scales, shape ``x.shape[:-1]``. A 16-bit
-        ``x`` is quantized per row first (:func:`quantize_tokens`' values; on the fused path
-        one kernel before the fused one). fp8 calls run the fused fp8 kernel on an SM90 GPU (e4m3 weights, K a
+        ``x`` is quantized per row first (:func:`quantize_tokens`' values, inside the
+        call). fp8 calls run the fused fp8 kernel on an SM90 GPU (e4m3 weights, K a
         multiple of 16), else the XLA path (the dequantized values in fp32 math:
         :func:`swiglu_reference_quantized`), and return x's dtype for 16-bit ``x``,
         bfloat16 for fp8 ``x``.
@@ -190,8 +190,8 @@ def _swiglu_fp8(x, weights: _quantize.QuantizedWeights, *, kernel, launch, activ
     m = math.prod(lead)
     if m == 0:
         return jnp.zeros((*lead, weights.n), out_dtype)
-    # 16-bit x is quantized per row inside the call (on CUDA one kernel before the fused
-    # one, in place of XLA's fusions); fp8 x comes with its scales.
+    # 16-bit x is quantized per row inside the call (_primitive's lowering); fp8 x comes
+    # with its scales.
     tokens = ((x.reshape(m, weights.k),) if x_scale is None
               else (x.reshape(m, weights.k), x_scale.reshape(m)))
     y = swiglu_p.bind(*tokens, weights.data, weights.scales, n=weights.n, weights="fp8",
