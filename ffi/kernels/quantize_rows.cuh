@@ -20,6 +20,7 @@
 #include <string>
 
 #include "../launch.h"
+#include "element16.cuh"
 
 namespace jax_swiglu {
 
@@ -30,29 +31,11 @@ inline constexpr int kQuantizeCached = 8;  // 16-byte loads a thread keeps in re
 inline constexpr float kE4m3Largest = 448.0f;
 
 template <class Tag>
-struct QuantizeElement;
-template <>
-struct QuantizeElement<BF16> {
-  // The two 2-byte values of a 32-bit word as floats (low half first).
-  static __device__ __forceinline__ float2 Unpack(uint32_t word) {
-    return make_float2(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u));
-  }
-};
-template <>
-struct QuantizeElement<F16> {
-  static __device__ __forceinline__ float2 Unpack(uint32_t word) {
-    __half2 h;
-    *reinterpret_cast<uint32_t*>(&h) = word;
-    return __half22float2(h);
-  }
-};
-
-template <class Tag>
 __device__ __forceinline__ void UnpackEight(uint4 v, float (&out)[kQuantizeVector]) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 pair = QuantizeElement<Tag>::Unpack(words[i]);
+    const float2 pair = Element16<Tag>::Unpack(words[i]);
     out[2 * i] = pair.x;
     out[2 * i + 1] = pair.y;
   }

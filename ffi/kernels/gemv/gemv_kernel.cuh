@@ -49,7 +49,7 @@ __device__ __forceinline__ uint4 LoadWeights(const void* address) {
 template <int kTokens, class Tag>
 __device__ __forceinline__ void AccumulateStep(const GemvParams& p, const uint4* weights,
                                                int row, float (&sums)[kTokens][8]) {
-  using E = GemvElement<Tag>;
+  using E = Element16<Tag>;
   const auto* x = static_cast<const typename E::type*>(p.x);
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) {
@@ -76,7 +76,7 @@ constexpr int GemvMinBlocks(int tokens) { return tokens <= 4 ? 2 : 1; }
 
 template <int kTokens, class Tag, Activation kActivation>
 __global__ void __launch_bounds__(kGemvThreads, GemvMinBlocks(kTokens)) GemvSwigluKernel(GemvParams p) {
-  using E = GemvElement<Tag>;
+  using E = Element16<Tag>;
   extern __shared__ float4 gemv_shared[];
   // [warp][token][column] partial sums; after step 2, warp 0's rows hold the CTA's sums.
   float* shared = reinterpret_cast<float*>(gemv_shared);

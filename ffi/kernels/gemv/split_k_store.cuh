@@ -21,31 +21,10 @@
 #include "../../kernel_configs.h"
 #include "../../launch.h"
 #include "../activations.cuh"
+#include "../element16.cuh"
 #include "../epilogue/scale_params.cuh"
 
 namespace jax_swiglu {
-
-template <class Tag>
-struct GemvElement;
-template <>
-struct GemvElement<BF16> {
-  using type = __nv_bfloat16;
-  // The two 2-byte values of a 32-bit word as floats (low half first).
-  static __device__ __forceinline__ float2 Unpack(uint32_t word) {
-    return make_float2(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u));
-  }
-  static __device__ __forceinline__ __nv_bfloat16 Round(float v) { return __float2bfloat16_rn(v); }
-};
-template <>
-struct GemvElement<F16> {
-  using type = __half;
-  static __device__ __forceinline__ float2 Unpack(uint32_t word) {
-    __half2 h;
-    *reinterpret_cast<uint32_t*>(&h) = word;
-    return __half22float2(h);
-  }
-  static __device__ __forceinline__ __half Round(float v) { return __float2half_rn(v); }
-};
 
 struct GemvParams {
   const void* x;       // [m, k]
@@ -72,7 +51,7 @@ template <int kTokens, int kColumns, int kWarps, int kThreads, int kStride, clas
           Activation kActivation, bool kScaled = false>
 __device__ __forceinline__ void ReduceSplitsAndStore(const GemvParams& p, float* shared,
                                                      int split, int splits) {
-  using E = GemvElement<Tag>;
+  using E = Element16<Tag>;
   namespace cg = cooperative_groups;
   static_assert(kStride >= kColumns, "a row of sums holds the CTA's columns");
   __syncthreads();
