@@ -16,6 +16,11 @@ programmatic dependent launch can hide, and that no isolated kernel time shows. 
 kernel starts before the previous one ends, both durations count the overlap: the kernel
 sum then exceeds what the stream spent, and only the span shows the gain.)
 
+Below the table, per model and M, each stack's kernels of one call by name (CUPTI, one call
+after a warm-up, medians of 5): how many launches a call makes and their time per block,
+so the span's time is split kernel by kernel (the down projection's GEMM apart from the
+gate/up kernel, the quantization, the residual add).
+
 ``--fp8``: the gate/up weights in e4m3 (the down projection stays bf16), against XLA's fp8
 path; jax_swiglu's block quantizes x with its own kernel, which lets the fused kernel start
 at once, and is also timed on x quantized by XLA's fusions.
@@ -84,6 +89,30 @@ def stacks(fp8: bool):
     return {"fused": jax.jit(fused), "xla": jax.jit(xla)}
 
 
+def kernels_by_name(fn, args, iterations: int = 5) -> list[tuple[str, int, float]]:
+    """(kernel name, launches per call, median us per call summed over those launches) of
+    every kernel a call of ``fn`` runs, in the order of their first launch (CUPTI)."""
+    from jax.experimental.mosaic.gpu import profiler
+    _, per_call = profiler.measure(fn, aggregate=False, iterations=iterations)(*args)
+    if per_call is None:
+        raise RuntimeError("CUPTI recorded no GPU kernel for the measured call")
+    calls = per_call if iterations > 1 else [per_call]
+    order, totals, counts = [], {}, {}
+    for call, timings in enumerate(calls):
+        for name, ms in timings:
+            if name not in totals:
+                order.append(name)
+                totals[name] = [0.0] * len(calls)
+                counts[name] = 0
+            totals[name][call] += 1e3 * ms
+            counts[name] += call == 0
+    return [(name, counts[name], statistics.median(totals[name])) for name in order]
+
+
+def _short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
 def span_us(fn, args, calls: int, rounds: int) -> float:
     """Median over rounds of the wall time per call of `calls` calls queued back to back."""
     jax.block_until_ready(fn(*args))
@@ -118,6 +147,7 @@ def main(argv=None) -> int:
              f"`python -m benchmarks.research.decode_stack "
              f"{' '.join(sys.argv[1:] if argv is None else argv)}`", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    breakdown = []
     for model in args.models:
         k, n = shapes_lib.mlp_shape(model)
         layers = _weights(jax.random.PRNGKey(0), k, n, args.blocks, args.fp8)
@@ -134,6 +164,13 @@ def main(argv=None) -> int:
             cells += [f"{span['xla'] / span[name]:.3f}" for name in names if name != "xla"]
             lines.append("| " + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
+            breakdown += ["", f"### {model}, M = {m}: kernels of one call, per block", "",
+                          "| stack | kernel | launches | us per block |", "|---|---|---:|---:|"]
+            for name, fn in fns.items():
+                for kernel, count, us in kernels_by_name(fn, (h, layers)):
+                    breakdown.append(f"| {name} | `{_short(kernel)}` | {count} | "
+                                     f"{us / args.blocks:.2f} |")
+    lines += breakdown
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     return 0
