@@ -96,6 +96,9 @@
 // gate-then-up rows: the kernel="gate_then_up" value needs one in every build, the fastest
 // of them (the cooperative 192-column pass, its weights multicast over a 2-CTA cluster;
 // docs/design.md); the 128 x 128 pingpong row and the 64-row pingpong one are Optional.
+// The swap-AB rows of 192 and 224 tokens in 4-CTA clusters multicast x over four CTAs (a
+// quarter of the x tile, the larger part of a stage at these widths, loaded per CTA) at the
+// price of the fewer clusters of 4 an SM90 GPU holds at once; Optional until measured.
 // X(id, family, operands, accumulation, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
 //   cluster_n, scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \
@@ -157,7 +160,9 @@
   X(55, GateThenUp, Bits16, Promoted, Cooperative, Tokens, 128, 384, 64, 2, 1, Persistent, TmaStore, 1, Always)   \
   X(56, GateThenUp, Bits16, Promoted, Pingpong, Tokens, 64, 384, 64, 2, 1, Persistent, TmaStore, 1, Optional) \
   X(57, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 128, 128, 1, 1, ClusterSplitK, DirectStore, 1, Always) \
-  X(58, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 256, 128, 1, 1, ClusterSplitK, DirectStore, 1, Always)
+  X(58, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 256, 128, 1, 1, ClusterSplitK, DirectStore, 1, Always) \
+  X(59, Interleaved, Bits16, Promoted, Cooperative, Weights, 192, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional) \
+  X(60, Interleaved, Bits16, Promoted, Cooperative, Weights, 224, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
