@@ -72,6 +72,44 @@ inline std::vector<int> SplitChoices(const KernelConfig& c, int64_t k) {
   return choices;
 }
 
+// Why gemv row `c` cannot split K=k over a cluster of `splits` CTAs, or "".
+inline std::string CannotSplitClusterK(const KernelConfig& c, int64_t k, int splits) {
+  bool cluster_size = false;
+  for (int s : kGemvSplitChoices) cluster_size |= splits == s;
+  if (!cluster_size) {
+    return RowName(c) + " splits K over a cluster of 1, 2, 4 or 8 CTAs; got splits=" +
+           std::to_string(splits);
+  }
+  if (splits > KSteps(c, k)) {
+    return RowName(c) + " cannot split K=" + std::to_string(k) + " " + std::to_string(splits) +
+           " ways (a step of " + std::to_string(c.tile_k) + " rows per split at least)";
+  }
+  return {};
+}
+
+// Why row `c` cannot run with the promotion interval `promotion`
+// (SwigluProblem::fp8_promotion), or "".
+inline std::string CannotPromote(const KernelConfig& c, int promotion) {
+  if (c.accumulation == Accumulation::Fast) {
+    if (promotion != kFastAccumulation) {
+      return RowName(c) + " accumulates in the tensor cores (fast accumulation) and cannot "
+                          "promote; got promotion=" + std::to_string(promotion) +
+             " (0 is its only value)";
+    }
+  } else if (c.operands == Operands::Fp8E4m3) {
+    // CUTLASS promotes after whole k tiles: an interval of their wgmma (32 of K each), or
+    // once at the end (kFastAccumulation).
+    const int per_tile = c.tile_k / 32;
+    if (promotion != kFastAccumulation &&
+        (promotion < 2 || promotion > 64 || promotion % per_tile != 0)) {
+      return RowName(c) + " promotes after whole k tiles of " + std::to_string(per_tile) +
+             " wgmma (an interval in 2..64, or 0 for fast accumulation); got promotion=" +
+             std::to_string(promotion);
+    }
+  }
+  return {};
+}
+
 // Why row `c` cannot run `p` (its shapes and launch attributes; pointers unread), or "" if it
 // can.
 inline std::string CannotRun(const KernelConfig& c, const SwigluProblem& p) {
@@ -133,16 +171,7 @@ inline std::string CannotRun(const KernelConfig& c, const SwigluProblem& p) {
            std::to_string(p.swizzle);
   }
   if (c.scheduler == TileScheduler::ClusterSplitK) {
-    bool cluster_size = false;
-    for (int s : kGemvSplitChoices) cluster_size |= p.splits == s;
-    if (!cluster_size) {
-      return name + " splits K over a cluster of 1, 2, 4 or 8 CTAs; got splits=" +
-             std::to_string(p.splits);
-    }
-    if (p.splits > KSteps(c, p.k)) {
-      return name + " cannot split K=" + std::to_string(p.k) + " " + std::to_string(p.splits) +
-             " ways (a step of " + std::to_string(c.tile_k) + " rows per split at least)";
-    }
+    if (std::string err = CannotSplitClusterK(c, p.k, p.splits); !err.empty()) return err;
   } else if (c.scheduler == TileScheduler::StreamK) {
     if (p.splits < 1 || p.splits > kMaxSplits) {
       return name + " takes splits in 1.." + std::to_string(kMaxSplits) + "; got splits=" +
@@ -152,23 +181,35 @@ inline std::string CannotRun(const KernelConfig& c, const SwigluProblem& p) {
     return name + " has no split-K (only stream-K and gemv rows take splits); got splits=" +
            std::to_string(p.splits);
   }
-  if (c.accumulation == Accumulation::Fast) {
-    if (p.fp8_promotion != kFastAccumulation) {
-      return name + " accumulates in the tensor cores (fast accumulation) and cannot promote;"
-                    " got promotion=" + std::to_string(p.fp8_promotion) + " (0 is its only value)";
-    }
-  } else if (c.operands == Operands::Fp8E4m3) {
-    // CUTLASS promotes after whole k tiles: an interval of their wgmma (32 of K each), or
-    // once at the end (kFastAccumulation).
-    const int per_tile = c.tile_k / 32;
-    if (p.fp8_promotion != kFastAccumulation &&
-        (p.fp8_promotion < 2 || p.fp8_promotion > 64 || p.fp8_promotion % per_tile != 0)) {
-      return name + " promotes after whole k tiles of " + std::to_string(per_tile) +
-             " wgmma (an interval in 2..64, or 0 for fast accumulation); got promotion=" +
-             std::to_string(p.fp8_promotion);
-    }
+  return CannotPromote(c, p.fp8_promotion);
+}
+
+// Why gemv row `c` cannot run the plain projection `p` (the decode form's down projection:
+// LaunchGemvProjection), or "" if it can.
+inline std::string CannotRunProjection(const KernelConfig& c, const ProjectionProblem& p) {
+  const std::string name = RowName(c);
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (c.family != Family::Gemv) {
+    return name + " is not a gemv row: only the decode form runs a plain projection";
   }
-  return {};
+  if (p.m < 0 || p.n <= 0 || p.k <= 0 || p.m > kMax || p.n > kMax || p.k > kMax) {
+    return "M, N and K must be in 0..2^31 - 1 (N and K positive); got M=" + std::to_string(p.m) +
+           " N=" + std::to_string(p.n) + " K=" + std::to_string(p.k);
+  }
+  if (p.k % KMultiple(c) != 0 || p.n % 8 != 0) {
+    return name + " needs K a multiple of " + std::to_string(KMultiple(c)) +
+           " and N a multiple of 8 (16-byte rows); got K=" + std::to_string(p.k) +
+           ", N=" + std::to_string(p.n);
+  }
+  if (!c.compiled()) {
+    return name + " is not compiled in this build (install with JAX_SWIGLU_ALL_CONFIGS=1)";
+  }
+  if (p.m > c.max_m()) {
+    return name + " runs at most " + std::to_string(c.max_m()) + " tokens; got M=" +
+           std::to_string(p.m);
+  }
+  if (std::string err = CannotSplitClusterK(c, p.k, p.splits); !err.empty()) return err;
+  return CannotPromote(c, p.fp8_promotion);
 }
 
 }  // namespace jax_swiglu

@@ -275,8 +275,119 @@ ffi::Error QuantizeRows(cudaStream_t stream, ffi::Buffer<T> x, ffi::Result<ffi::
   return ffi::Error::Success();
 }
 
+// What both projection handlers do once the operands are described: the launch on the
+// current (SM90) device with gemv row `config`.
+template <Operands kOperands, ffi::DataType T>
+ffi::Error RunProjection(cudaStream_t stream, ProjectionProblem problem, int64_t config,
+                         int64_t splits, int64_t promotion) {
+  std::string err = SetInt(splits, "splits", &problem.splits);
+  if (err.empty()) err = SetInt(promotion, "promotion", &problem.fp8_promotion);
+  if (!err.empty()) return ffi::Error::InvalidArgument("jax_swiglu projection: " + err);
+  if (problem.m == 0) return ffi::Error::Success();  // nothing to write
+  DeviceFacts device;
+  if (ffi::Error e = CheckDevice(&device); e.failure()) return e;
+  err = WithRow<Family::Gemv, kOperands>(config, [&](auto id) {
+    return LaunchGemvProjection<decltype(id)::value, ElementTagFor<T>>(problem, device, stream);
+  });
+  if (!err.empty()) return ffi::Error::Internal("jax_swiglu projection: " + err);
+  return ffi::Error::Success();
+}
+
+// x [M, K] and w [K, N] with out [M, N] (each column of w an output column) of the
+// projection's shapes, or why not.
+template <class X, class W, class Out>
+std::string DescribeProjection(const X& x, const W& w, const Out& out, bool k_major,
+                               ProjectionProblem* problem) {
+  auto xd = x.dimensions(), wd = w.dimensions(), od = out.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || od.size() != 2 || od[0] != xd[0] ||
+      (k_major ? wd[1] : wd[0]) != xd[1] || (k_major ? wd[0] : wd[1]) != od[1]) {
+    return std::string("expected x [M, K], w ") + (k_major ? "[N, K]" : "[K, N]") +
+           ", out [M, N]; got " + Dims(xd) + ", " + Dims(wd) + ", " + Dims(od);
+  }
+  *problem = ProjectionProblem{x.untyped_data(), w.untyped_data(), out.untyped_data(),
+                               xd[0], od[1], xd[1]};
+  return {};
+}
+
+// A plain projection on the decode form (a gated MLP's down projection at a few tokens):
+// 16-bit x [M, K] and w [K, N], out [M, N], all of one dtype; a gemv row of 16-bit operands.
+template <ffi::DataType T>
+ffi::Error Projection(cudaStream_t stream, ffi::Buffer<T> x, ffi::Buffer<T> w,
+                      ffi::Result<ffi::Buffer<T>> out, int64_t config, int64_t splits) {
+  ProjectionProblem problem;
+  if (std::string err = DescribeProjection(x, w, *out, /*k_major=*/false, &problem);
+      !err.empty()) {
+    return ffi::Error::InvalidArgument("jax_swiglu projection: " + err);
+  }
+  return RunProjection<Operands::Bits16, T>(stream, problem, config, splits, /*promotion=*/4);
+}
+
+// The e4m3 projection: x_q [M, K] float8_e4m3fn with x_scale [M], w K-major [N, K]
+// float8_e4m3fn with w_scale [N] (one per output column) or [1] / [] (one for all), out
+// [M, N] in bfloat16 or float16; a gemv row of e4m3 operands.
+template <ffi::DataType T>
+ffi::Error ProjectionFp8(cudaStream_t stream, ffi::AnyBuffer x,
+                         ffi::Buffer<ffi::DataType::F32> x_scale, ffi::AnyBuffer w,
+                         ffi::Buffer<ffi::DataType::F32> w_scale,
+                         ffi::Result<ffi::Buffer<T>> out, int64_t config, int64_t splits,
+                         int64_t promotion) {
+  if (x.element_type() != ffi::DataType::F8E4M3FN ||
+      w.element_type() != ffi::DataType::F8E4M3FN) {
+    return ffi::Error::InvalidArgument(
+        "jax_swiglu fp8 projection: x and w must be float8_e4m3fn");
+  }
+  ProjectionProblem problem;
+  if (std::string err = DescribeProjection(x, w, *out, /*k_major=*/true, &problem);
+      !err.empty()) {
+    return ffi::Error::InvalidArgument("jax_swiglu fp8 projection: " + err);
+  }
+  const int64_t w_scales = static_cast<int64_t>(w_scale.element_count());
+  if (static_cast<int64_t>(x_scale.element_count()) != problem.m ||
+      (w_scales != 1 && w_scales != problem.n)) {
+    return ffi::Error::InvalidArgument(
+        "jax_swiglu fp8 projection: x_scale " + Dims(x_scale.dimensions()) +
+        " must hold one scale per row of x " + Dims(x.dimensions()) + ", w_scale " +
+        Dims(w_scale.dimensions()) + " one, or one per column (" + std::to_string(problem.n) +
+        ")");
+  }
+  problem.x_scale = x_scale.typed_data();
+  problem.w_scale = w_scale.typed_data();
+  problem.w_scale_stride = w_scales == 1 ? 0 : 1;
+  return RunProjection<Operands::Fp8E4m3, T>(stream, problem, config, splits, promotion);
+}
+
 }  // namespace
 }  // namespace jax_swiglu
+
+#define JAX_SWIGLU_DEFINE_PROJECTION_HANDLER(symbol, dtype)                               \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, jax_swiglu::Projection<dtype>,                   \
+                                ffi::Ffi::Bind()                                         \
+                                    .Ctx<ffi::PlatformStream<cudaStream_t>>()            \
+                                    .Arg<ffi::Buffer<dtype>>()                           \
+                                    .Arg<ffi::Buffer<dtype>>()                           \
+                                    .Ret<ffi::Buffer<dtype>>()                           \
+                                    .Attr<int64_t>("config")                             \
+                                    .Attr<int64_t>("splits"),                            \
+                                {ffi::Traits::kCmdBufferCompatible})
+#define JAX_SWIGLU_DEFINE_PROJECTION_FP8_HANDLER(symbol, dtype)                           \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, jax_swiglu::ProjectionFp8<dtype>,                \
+                                ffi::Ffi::Bind()                                         \
+                                    .Ctx<ffi::PlatformStream<cudaStream_t>>()            \
+                                    .Arg<ffi::AnyBuffer>()                               \
+                                    .Arg<ffi::Buffer<ffi::DataType::F32>>()              \
+                                    .Arg<ffi::AnyBuffer>()                               \
+                                    .Arg<ffi::Buffer<ffi::DataType::F32>>()              \
+                                    .Ret<ffi::Buffer<dtype>>()                           \
+                                    .Attr<int64_t>("config")                             \
+                                    .Attr<int64_t>("splits")                             \
+                                    .Attr<int64_t>("promotion"),                         \
+                                {ffi::Traits::kCmdBufferCompatible})
+JAX_SWIGLU_DEFINE_PROJECTION_HANDLER(JaxSwigluProjectionBf16, ffi::DataType::BF16);
+JAX_SWIGLU_DEFINE_PROJECTION_HANDLER(JaxSwigluProjectionF16, ffi::DataType::F16);
+JAX_SWIGLU_DEFINE_PROJECTION_FP8_HANDLER(JaxSwigluProjectionFp8Bf16, ffi::DataType::BF16);
+JAX_SWIGLU_DEFINE_PROJECTION_FP8_HANDLER(JaxSwigluProjectionFp8F16, ffi::DataType::F16);
+#undef JAX_SWIGLU_DEFINE_PROJECTION_HANDLER
+#undef JAX_SWIGLU_DEFINE_PROJECTION_FP8_HANDLER
 
 #define JAX_SWIGLU_DEFINE_QUANTIZE_HANDLER(symbol, dtype)                                 \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, jax_swiglu::QuantizeRows<dtype>,                 \
@@ -459,6 +570,21 @@ const QuantizeTarget kQuantizeTargets[] = {
     {"jax_swiglu_quantize_rows_e4m3_f16", "float16", JaxSwigluQuantizeRowsF16},
 };
 
+// The decode form's plain projection (a down projection): its target per operands and
+// output dtype.
+struct ProjectionTarget {
+  const char* name;
+  const char* operands;
+  const char* dtype;
+  XLA_FFI_Error* (*handler)(XLA_FFI_CallFrame*);
+};
+const ProjectionTarget kProjectionTargets[] = {
+    {"jax_swiglu_gemv_projection_bf16", "16bit", "bfloat16", JaxSwigluProjectionBf16},
+    {"jax_swiglu_gemv_projection_f16", "16bit", "float16", JaxSwigluProjectionF16},
+    {"jax_swiglu_gemv_projection_fp8_bf16", "e4m3", "bfloat16", JaxSwigluProjectionFp8Bf16},
+    {"jax_swiglu_gemv_projection_fp8_f16", "e4m3", "float16", JaxSwigluProjectionFp8F16},
+};
+
 const KernelConfig& Row(int64_t config) {
   if (config < 0 || config >= jax_swiglu::kConfigCount) {
     throw std::invalid_argument("jax_swiglu: unknown kernel config " + std::to_string(config));
@@ -510,6 +636,18 @@ NB_MODULE(_kernels, m) {
     for (const Target& t : kTargets) d[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
     for (const QuantizeTarget& t : kQuantizeTargets) {
       d[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
+    }
+    for (const ProjectionTarget& t : kProjectionTargets) {
+      d[t.name] = nb::capsule(reinterpret_cast<void*>(t.handler));
+    }
+    return d;
+  });
+
+  // (operands, output dtype) -> the target of the decode form's plain projection.
+  m.def("projection_targets", []() {
+    nb::dict d;
+    for (const ProjectionTarget& t : kProjectionTargets) {
+      d[nb::make_tuple(t.operands, t.dtype)] = t.name;
     }
     return d;
   });
@@ -585,6 +723,23 @@ NB_MODULE(_kernels, m) {
       nb::arg("config"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("splits") = 1,
       nb::arg("swizzle") = 1, nb::arg("raster") = 0, nb::arg("promotion") = 4,
       nb::arg("experts") = 0);
+
+  // Why gemv row `config` cannot run the plain projection [m, k] x [k, n] ("" if it can).
+  m.def(
+      "can_implement_projection",
+      [](int64_t config, int64_t m, int64_t n, int64_t k, int64_t splits,
+         int64_t promotion) -> std::string {
+        constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+        for (int64_t v : {splits, promotion}) {
+          if (v > kMax || v < -kMax) return "splits and promotion must fit in 32 bits";
+        }
+        jax_swiglu::ProjectionProblem p{nullptr, nullptr, nullptr, m, n, k};
+        p.splits = static_cast<int>(splits);
+        p.fp8_promotion = static_cast<int>(promotion);
+        return jax_swiglu::CannotRunProjection(Row(config), p);
+      },
+      nb::arg("config"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("splits") = 1,
+      nb::arg("promotion") = 4);
 
   // The split-K factors (stream-K) or cluster sizes (gemv) worth trying for row `config` on K.
   m.def("split_choices", [](int64_t config, int64_t k) {

@@ -66,6 +66,26 @@ struct SwigluProblem {
   int64_t experts = 0;
 };
 
+// A plain projection on the decode form (the gemv rows): out[m, n] = x[m, k] @ W, each of W's
+// n columns an output column (no gate/up pairing, no activation), fp32 sums rounded once: a
+// gated MLP's down projection at a few tokens. 16-bit: x [m, k] and W [k, n] row-major, out
+// [m, n], all of one dtype. e4m3 (a row of e4m3 operands): x_q [m, k] with x_scale [m], W
+// K-major [n, k] with w_scale [n] (stride 1) or one scale (stride 0), out [m, n] in the
+// launcher's Element; promotion as SwigluProblem::fp8_promotion.
+struct ProjectionProblem {
+  const void* x;
+  const void* w;
+  void* out;
+  int64_t m;
+  int64_t n;
+  int64_t k;
+  int splits = 1;  // K split over a cluster of this many CTAs
+  const float* x_scale = nullptr;
+  const float* w_scale = nullptr;
+  int w_scale_stride = 1;
+  int fp8_promotion = 4;
+};
+
 // Per-device facts the launchers need, read once per device and cached.
 struct DeviceFacts {
   int device;
@@ -115,6 +135,11 @@ std::string LaunchGateThenUp(const SwigluProblem& problem, const DeviceFacts& de
 template <int ConfigId, class Element, Activation kActivation>
 std::string LaunchGemv(const SwigluProblem& problem, const DeviceFacts& device,
                        cudaStream_t stream);
+// The gemv row `ConfigId`'s plain projection (ProjectionProblem), instantiated with the
+// row's gated launcher.
+template <int ConfigId, class Element>
+std::string LaunchGemvProjection(const ProjectionProblem& problem, const DeviceFacts& device,
+                                 cudaStream_t stream);
 // Bytes of workspace a launch of that row on `problem` (its shapes and tile order; pointers
 // unused) needs on a GPU with `device.sm_count` SMs; 0 for most.
 template <int ConfigId, class Element, Activation kActivation>

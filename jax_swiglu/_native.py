@@ -183,6 +183,29 @@ def _quantize_targets() -> dict[str, str]:
     return dict(_kernels.quantize_targets())
 
 
+def projection_target(operands: str, dtype) -> str:
+    """The FFI target of the decode form's plain projection ``out = x @ W`` (a gated MLP's
+    down projection at a few tokens, on the gemv rows) for ``operands`` ("16bit": x [M, K],
+    W [K, N]; "e4m3": x_q [M, K] with x_scale [M], W K-major [N, K] with its scales) and
+    output ``dtype``. Attributes: ``config`` (a gemv row of those operands), ``splits``,
+    and for e4m3 ``promotion``."""
+    _require()
+    return _projection_targets()[(operands, jnp.dtype(dtype).name)]
+
+
+@functools.cache
+def _projection_targets() -> dict[tuple[str, str], str]:
+    return dict(_kernels.projection_targets())
+
+
+def can_implement_projection(config: int, *, m: int, n: int, k: int, splits: int = 1,
+                             promotion: int = 4) -> str:
+    """Why gemv row ``config`` cannot run the plain projection ``[m, k] x [k, n]``, or ""
+    (ffi/can_implement.h's CannotRunProjection, which the launch checks too)."""
+    _require()
+    return _kernels.can_implement_projection(config, m, n, k, splits, promotion)
+
+
 @functools.cache
 def activations() -> tuple[str, ...]:
     """The activations the extension's kernels are compiled for (empty without it)."""

@@ -365,3 +365,36 @@ def test_gemv_kernel_lowering():
     with pytest.raises(ValueError, match="at most"):
         cuda_hlo(lambda x, p: swiglu(x, p, launch=smallest), _x(smallest.tile_m + 1, k=k),
                  packed)
+
+
+def test_gemv_projection_lowering():
+    """The gemv rows' plain projection (a down projection on the decode form): its target,
+    row and split in the HLO, for 16-bit and e4m3 operands; shapes, tokens, splits, rows and
+    dtypes it cannot run are trace-time errors in the launch check's words."""
+    from jax_swiglu._projection import gemv_projection
+    k, n = 512, 200
+    w = jax.ShapeDtypeStruct((k, n), jnp.bfloat16)
+    for row in _rows("gemv"):
+        hlo = cuda_hlo(lambda x, w: gemv_projection(x, w, config=row.id, splits=2),
+                       _x(row.tile_m, k=k), w)
+        assert custom_calls(hlo) == [("jax_swiglu_gemv_projection_bf16", row.id)]
+        assert re.search(r"splits = 2 : i64", hlo)
+    down = jax.eval_shape(jax_swiglu.quantize_down, jax.ShapeDtypeStruct((k, n), jnp.float32))
+    x_q, x_scale = _x(16, k=k, dtype=jnp.float8_e4m3fn), jax.ShapeDtypeStruct((16,), jnp.float32)
+    for row in _rows("gemv", operands="e4m3"):
+        hlo = cuda_hlo(lambda x, s, d: gemv_projection(x, d, config=row.id, x_scale=s),
+                       x_q, x_scale, down)
+        assert custom_calls(hlo) == [("jax_swiglu_gemv_projection_fp8_bf16", row.id)]
+    most = max(_rows("gemv"), key=lambda c: c.tile_m)
+    interleaved = _rows("interleaved")[0]
+    for x, w_, config, splits, match in (
+            (_x(most.tile_m + 1, k=k), w, most.id, 1, "at most"),
+            (_x(1, k=k), jax.ShapeDtypeStruct((k, 196), jnp.bfloat16), most.id, 1, "multiple of 8"),
+            (_x(1, k=k), w, most.id, 3, "cluster"),
+            (_x(1, k=k), w, interleaved.id, 1, "not a gemv row"),
+            (_x(1, k=256), w, most.id, 1, "contract")):
+        with pytest.raises(ValueError, match=match):
+            jax.jit(lambda x, w: gemv_projection(x, w, config=config, splits=splits)).trace(x, w_)
+    with pytest.raises(TypeError, match="one dtype"):
+        jax.jit(lambda x, w: gemv_projection(x, w, config=most.id)).trace(
+            _x(1, k=k, dtype=jnp.float16), w)

@@ -1,15 +1,18 @@
 """The decode forms' special cases, on an SM90 GPU: swap-AB (weights on the wgmma M side) at
 every decode M and split of K, the gemv kernel at every split of every shape class, and the
-fixed-order sums of both: the same bits over 100 calls and after a recompile."""
+fixed-order sums of both: the same bits over 100 calls and after a recompile; the gemv rows'
+plain projection (a down projection on the decode form)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_swiglu import Launch, _native, pack_weights, swiglu
+from jax_swiglu import Launch, _native, pack_weights, quantize_down, quantize_tokens, swiglu
+from jax_swiglu._projection import gemv_projection
+from jax_swiglu._quantize import dequantize_down
 
-from criterion import check, inputs, rows
+from criterion import FEW_OFF_PER_MILLION, check, inputs, rows
 
 DECODE_M = [1, 2, 3, 7, 15, 17, 33, 63, 65, 200]
 
@@ -120,3 +123,65 @@ def test_too_many_tokens_is_an_error():
     fewest = min(rows(family="gemv", operands="16bit"), key=lambda r: r.tile_m)
     with pytest.raises(ValueError, match="at most"):
         jax.jit(lambda x, p: swiglu(x, p, launch=fewest)).lower(x[:2], packed)
+
+
+# The plain projection (a down projection on the decode form): (K, N) of a 7B-sized down
+# projection (4096 outputs: 16 or 32 CTAs), N under one CTA's columns and not a multiple of
+# 64 (the last TMA boxes past N), K of one step and a part (16-bit: not a multiple of 64).
+PROJECTION_SHAPES = {"16bit": [(11008, 4096), (1000, 200), (136, 72)],
+                     "e4m3": [(11008, 4096), (1008, 200), (144, 72)]}
+
+
+def _projection_cases():
+    """Every gemv row at one token and at its most, on every shape and split K allows."""
+    cases = []
+    for operands, shapes in PROJECTION_SHAPES.items():
+        for row in rows(family="gemv", operands=operands):
+            for m in sorted({1, row.tile_m}):
+                cases += [(row.id, operands, m, k, n, s) for k, n in shapes
+                          for s in _native.split_choices(row.id, k)]
+    return cases
+
+
+def _projection_inputs(key, m, k, n, operands):
+    """x (e4m3: quantized per row, with its scales), the weights (16-bit [K, N], or a
+    QuantizedDown), and the fp32 spec of x @ W on the values the kernel reads."""
+    kx, kw = jax.random.split(key)
+    x = jax.random.normal(kx, (m, k), jnp.float32).astype(jnp.bfloat16)
+    w = jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)
+    if operands == "e4m3":
+        down = quantize_down(w)
+        x_q, x_scale = quantize_tokens(x)
+        x_f32 = x_q.astype(jnp.float32) * x_scale[:, None]
+        spec = jnp.matmul(x_f32, dequantize_down(down), precision=jax.lax.Precision.HIGHEST)
+        return (x_q, down, x_scale), spec
+    w = w.astype(jnp.bfloat16)
+    spec = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32),
+                      precision=jax.lax.Precision.HIGHEST)
+    return (x, w, None), spec
+
+
+@pytest.mark.parametrize("config, operands, m, k, n, splits", _projection_cases())
+def test_gemv_projection(config, operands, m, k, n, splits, key):
+    """x @ W with each column an output (no pairing, no activation): the spec's criterion
+    (1 % + 1e-3 per element, 1e-2 relative Frobenius; e4m3 within the promotion allowance),
+    every element written, and the same bits on a second call."""
+    (x, w, x_scale), spec = _projection_inputs(key, m, k, n, operands)
+    call = jax.jit(lambda x, w, s: gemv_projection(x, w, config=config, splits=splits,
+                                                   x_scale=s))
+    y = call(x, w, x_scale)
+    assert y.shape == (m, n) and y.dtype == jnp.bfloat16
+    got, spec = np.asarray(y, np.float32), np.asarray(spec)
+    off = ~(np.abs(got - spec) <= 0.01 * np.abs(spec) + 1e-3)  # NaN counts as off
+    allowed = 0 if operands == "16bit" else max(1, int(FEW_OFF_PER_MILLION * got.size / 1e6))
+    assert off.sum() <= allowed, f"{off.sum()} of {got.size} elements off"
+    assert np.linalg.norm(got - spec) < 1e-2 * np.linalg.norm(spec)
+    np.testing.assert_array_equal(np.asarray(call(x, w, x_scale)).view(np.uint16),
+                                  np.asarray(y).view(np.uint16))
+
+
+def test_gemv_projection_of_no_tokens(key):
+    row = min(rows(family="gemv", operands="16bit"), key=lambda r: r.tile_m)
+    (x, w, _), _ = _projection_inputs(key, 1, 136, 72, "16bit")
+    y = jax.jit(lambda x, w: gemv_projection(x, w, config=row.id))(x[:0], w)
+    assert y.shape == (0, 72)

@@ -8,6 +8,8 @@
 //    then in rank order over the cluster.
 //  - on the tensor cores (wgmma_gemv.cuh): swap-AB wgmma fed by TMA through a pipeline in
 //    shared memory, for up to 16 tokens.
+// Both forms also run a plain projection (LaunchGemvProjection: a gated MLP's down
+// projection), the same stream with each column's sum stored as an output.
 // At M <= 16 a call is a stream of the packed [K, 2N] weights; what decides its time is how
 // many bytes are in flight on every SM and how little the launch costs around the stream.
 // Launched with PDL (launch.h), each waits for the previous kernel before its first load.
@@ -20,6 +22,7 @@
 #include <cstdint>
 #include <string>
 
+#include "../../can_implement.h"
 #include "../../kernel_configs.h"
 #include "../../launch.h"
 #include "../activations.cuh"
@@ -74,8 +77,8 @@ __device__ __forceinline__ void AccumulateStep(const GemvParams& p, const uint4*
 // Two CTAs per SM (128 registers a thread) where the sums leave room: more bytes in flight.
 constexpr int GemvMinBlocks(int tokens) { return tokens <= 4 ? 2 : 1; }
 
-template <int kTokens, class Tag, Activation kActivation>
-__global__ void __launch_bounds__(kGemvThreads, GemvMinBlocks(kTokens)) GemvSwigluKernel(GemvParams p) {
+template <int kTokens, class Tag, Activation kActivation, bool kGated>
+__global__ void __launch_bounds__(kGemvThreads, GemvMinBlocks(kTokens)) GemvKernel(GemvParams p) {
   using E = Element16<Tag>;
   extern __shared__ float4 gemv_shared[];
   // [warp][token][column] partial sums; after step 2, warp 0's rows hold the CTA's sums.
@@ -141,7 +144,7 @@ __global__ void __launch_bounds__(kGemvThreads, GemvMinBlocks(kTokens)) GemvSwig
     row[1] = make_float4(sums[t][4], sums[t][5], sums[t][6], sums[t][7]);
   }
   ReduceSplitsAndStore<kTokens, kGemvColumns, kGemvWarps, kGemvThreads, kGemvColumns, Tag,
-                       kActivation>(p, shared, split, splits);
+                       kActivation, /*kScaled=*/false, kGated>(p, shared, split, splits);
 }
 
 // Every warp's fp32 sums of every token and packed column of the CTA.
@@ -154,29 +157,34 @@ constexpr int GemvSharedBytes(const KernelConfig& config) {
 // CuTe).
 // The tensor-core form (wgmma_gemv.cuh), on `Tag` or (kFp8) e4m3 operands, with the
 // product's stream parameters: two CTAs an SM, the weights' reads promoted to 128-byte L2
-// lines, normal eviction.
+// lines, normal eviction; gated (a SwigluProblem) or a plain projection (a
+// ProjectionProblem, kGated false).
 template <int kTokens, int kColumns, class Tag, bool kFp8, Activation kActivation,
-          int kCtasPerSm = 2, int kL2PromotionBytes = 128, bool kEvictFirst = false>
-std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream);
+          int kCtasPerSm = 2, int kL2PromotionBytes = 128, bool kEvictFirst = false,
+          bool kGated = true, class Problem = SwigluProblem>
+std::string LaunchWgmmaGemv(const Problem& p, const DeviceFacts& facts, cudaStream_t stream);
 
-template <int ConfigId, class ElementTag, Activation kActivation>
-std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream) {
+// Row ConfigId's form on `p`: a SwigluProblem (kGated) or a ProjectionProblem.
+template <int ConfigId, class ElementTag, Activation kActivation, bool kGated, class Problem>
+std::string LaunchGemvForm(const Problem& p, const DeviceFacts& facts, cudaStream_t stream) {
   constexpr KernelConfig config = kConfigs[ConfigId];
   static_assert(config.family == Family::Gemv, "a row of the decode family");
-  // (Tokens, K, N and the split: CannotRun, before this.)
-  for (const void* ptr : {p.x, p.packed, static_cast<const void*>(p.out)}) {
+  // (Tokens, K, N and the split: CannotRun or CannotRunProjection, before this.)
+  const void* const buffers[] = {p.x, StreamedWeights(p), p.out};
+  for (const void* ptr : buffers) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
       return "gemv config " + std::to_string(ConfigId) + " needs 16-byte aligned buffers";
     }
   }
   if constexpr (config.schedule == Schedule::TensorCores) {
     return LaunchWgmmaGemv<config.tile_m, config.tile_n, ElementTag,
-                           config.operands == Operands::Fp8E4m3, kActivation>(p, facts, stream);
+                           config.operands == Operands::Fp8E4m3, kActivation, 2, 128, false,
+                           kGated>(p, facts, stream);
   } else {
     static_assert(config.operands == Operands::Bits16, "the CUDA-core form: 16-bit operands");
     static_assert(config.tile_n == kGemvColumns && config.tile_k == kGemvRows,
                   "the CUDA-core form's CTA is one warp's row of loads, 8 rows a step");
-    auto* kernel = GemvSwigluKernel<config.tile_m, ElementTag, kActivation>;
+    auto* kernel = GemvKernel<config.tile_m, ElementTag, kActivation, kGated>;
     const int shared_bytes = GemvSharedBytes(config);
     if (std::string err = EnsureSharedMemoryLimit(reinterpret_cast<const void*>(kernel),
                                                   shared_bytes, facts.device);
@@ -186,6 +194,21 @@ std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStr
     return LaunchClusterSplitKGrid(kernel, MakeGemvParams(p, config.tile_k), kGemvThreads,
                                    shared_bytes, config.tile_n, p, facts, stream);
   }
+}
+
+template <int ConfigId, class ElementTag, Activation kActivation>
+std::string LaunchGemv(const SwigluProblem& p, const DeviceFacts& facts, cudaStream_t stream) {
+  return LaunchGemvForm<ConfigId, ElementTag, kActivation, /*kGated=*/true>(p, facts, stream);
+}
+
+// A plain projection checks its own shapes (CannotRunProjection) and has no activation:
+// the form is instantiated with SiLU's, which its store never calls.
+template <int ConfigId, class ElementTag>
+std::string LaunchGemvProjection(const ProjectionProblem& p, const DeviceFacts& facts,
+                                 cudaStream_t stream) {
+  if (std::string err = CannotRunProjection(kConfigs[ConfigId], p); !err.empty()) return err;
+  return LaunchGemvForm<ConfigId, ElementTag, Activation::Silu, /*kGated=*/false>(p, facts,
+                                                                                  stream);
 }
 
 // Neither form needs a workspace.

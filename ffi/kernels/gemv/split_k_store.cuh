@@ -1,7 +1,8 @@
 // What both forms of the decode kernel (the CUDA-core GEMV, gemv_kernel.cuh, and the wgmma
 // one, wgmma_gemv.cuh) share: K split over a thread-block cluster whose CTAs add their fp32
 // sums in distributed shared memory, in rank order, then the gate/up pairing, the activation
-// and one rounding; and the launch of such a grid.
+// and one rounding (or, for a plain projection, each column's sum rounded once); and the
+// launch of such a grid.
 //
 // A CTA owns `kColumns` packed columns (blockIdx.y) and one of `splits` ranges of K
 // (blockIdx.x, its rank in the cluster). The sums meet in a fixed order, so the result is
@@ -31,7 +32,7 @@ struct GemvParams {
   const void* packed;  // [k, packed_columns] (e4m3: [packed_columns, k])
   void* out;           // [m, n]
   int m, n, k;
-  int packed_columns;  // 2 * n_packed
+  int packed_columns;  // 2 * n_packed (a plain projection: n)
   int steps_per_split;  // steps of K (the form's tile_k rows each) per split
   // e4m3 operands (SwigluProblem's): the sums times their token's and packed column's scale;
   // the tensor cores' sums promoted into fp32 ones every `promotion` wgmma (of 32 of K), or
@@ -46,9 +47,10 @@ struct GemvParams {
 // call). The sums are added over the warps in warp order and over the cluster's CTAs in rank
 // order; CTA 0 then pairs each gate sum with its up sum (kScaled: each first times its
 // token's and its packed column's scale), applies the activation in fp32 and rounds once to
-// `Tag`.
+// `Tag`; or, not kGated (a plain projection), stores each column's sum (scaled likewise) as
+// output column blockIdx.y * kColumns + c, rounded once (kActivation unused).
 template <int kTokens, int kColumns, int kWarps, int kThreads, int kStride, class Tag,
-          Activation kActivation, bool kScaled = false>
+          Activation kActivation, bool kScaled = false, bool kGated = true>
 __device__ __forceinline__ void ReduceSplitsAndStore(const GemvParams& p, float* shared,
                                                      int split, int splits) {
   using E = Element16<Tag>;
@@ -90,9 +92,21 @@ __device__ __forceinline__ void ReduceSplitsAndStore(const GemvParams& p, float*
     __syncthreads();
   }
 
+  auto* out = static_cast<typename E::type*>(p.out);
+  if constexpr (!kGated) {
+    // Consecutive threads store consecutive columns of a token's row.
+    for (int item = threadIdx.x; item < kTokens * kColumns; item += kThreads) {
+      const int t = item / kColumns, c = item % kColumns;
+      const int64_t n = int64_t(blockIdx.y) * kColumns + c;
+      if (t >= p.m || n >= p.n) continue;
+      float sum = shared[t * kStride + c];
+      if constexpr (kScaled) sum *= TokenScale(p.scales, t) * ColumnScale(p.scales, int(n));
+      out[int64_t(t) * p.n + n] = E::Round(sum);
+    }
+    return;
+  }
   // Pairs: packed column 64 b + i (i < 32) is gate, 64 b + 32 + i its up; run position i
   // = 8 j + 2 q + e holds the run's column 8 q + 2 j + e (the quad transpose).
-  auto* out = static_cast<typename E::type*>(p.out);
   constexpr int kOutputs = kColumns / 2;
   for (int item = threadIdx.x; item < kTokens * kOutputs; item += kThreads) {
     const int t = item / kOutputs, o = item % kOutputs;
@@ -113,16 +127,25 @@ __device__ __forceinline__ void ReduceSplitsAndStore(const GemvParams& p, float*
   }
 }
 
-// The GemvParams of `p` for CTAs that split K in steps of `rows` rows.
-inline GemvParams MakeGemvParams(const SwigluProblem& p, int rows) {
+// The weights a call streams and their columns: the packed gate/up matrix's, or a
+// projection's own.
+inline const void* StreamedWeights(const SwigluProblem& p) { return p.packed; }
+inline const void* StreamedWeights(const ProjectionProblem& p) { return p.w; }
+inline int64_t StreamedColumns(const SwigluProblem& p) { return 2 * p.n_packed; }
+inline int64_t StreamedColumns(const ProjectionProblem& p) { return p.n; }
+
+// The GemvParams of `p` (a SwigluProblem or a ProjectionProblem) for CTAs that split K in
+// steps of `rows` rows.
+template <class Problem>
+GemvParams MakeGemvParams(const Problem& p, int rows) {
   const int steps = static_cast<int>((p.k + rows - 1) / rows);
   return GemvParams{p.x,
-                    p.packed,
+                    StreamedWeights(p),
                     p.out,
                     static_cast<int>(p.m),
                     static_cast<int>(p.n),
                     static_cast<int>(p.k),
-                    static_cast<int>(2 * p.n_packed),
+                    static_cast<int>(StreamedColumns(p)),
                     (steps + p.splits - 1) / p.splits,
                     {p.x_scale, p.w_scale, p.w_scale_stride},
                     p.fp8_promotion};
@@ -132,11 +155,11 @@ inline GemvParams MakeGemvParams(const SwigluProblem& p, int rows) {
 // over the grid (splits, column blocks of `columns` packed columns), one cluster per column
 // block (p.splits CTAs; checked by the caller). The kernel's shared-memory limit must be
 // raised first (EnsureSharedMemoryLimit, launch.h).
-template <class Kernel, class Params>
+template <class Kernel, class Params, class Problem>
 std::string LaunchClusterSplitKGrid(Kernel* kernel, const Params& params, int threads,
-                                    int shared_bytes, int columns, const SwigluProblem& p,
+                                    int shared_bytes, int columns, const Problem& p,
                                     const DeviceFacts& facts, cudaStream_t stream) {
-  const int column_blocks = static_cast<int>((2 * p.n_packed + columns - 1) / columns);
+  const int column_blocks = static_cast<int>((StreamedColumns(p) + columns - 1) / columns);
   cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t launch{};
   launch.gridDim = dim3(p.splits, column_blocks, 1);

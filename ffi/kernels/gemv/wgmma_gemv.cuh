@@ -15,7 +15,8 @@
 // promoted into fp32 ones every `promotion` wgmma, as in the fp8 GEMM kernels. Two CTAs fit
 // on an SM (their stages sized for it), so a grid of up to twice the SM count runs in one
 // wave. At the end the accumulators go to shared memory as [token][column] and meet in rank
-// order over the cluster; CTA 0 scales (e4m3), pairs, activates and stores.
+// order over the cluster; CTA 0 scales (e4m3), pairs, activates and stores (kGated), or
+// stores each column's sum (a plain projection).
 #pragma once
 
 #include <cutlass/cutlass.h>
@@ -171,7 +172,7 @@ CUTLASS_DEVICE auto& FirstIf(A& a, B& b) {
 // kCtasPerSm sizes the stages; kEvictFirst marks the weights' boxes evict-first in the L2
 // (each is read once per call).
 template <int kTokens, int kColumns, class Tag, bool kFp8, Activation kActivation,
-          int kCtasPerSm, bool kEvictFirst>
+          int kCtasPerSm, bool kEvictFirst, bool kGated>
 __global__ void __launch_bounds__(kWgmmaGemvThreads, kCtasPerSm) WgmmaGemvKernel(
     const __grid_constant__ typename WgmmaGemv<kTokens, kColumns, Tag, kFp8, kCtasPerSm>::Params
         params) {
@@ -313,7 +314,7 @@ __global__ void __launch_bounds__(kWgmmaGemvThreads, kCtasPerSm) WgmmaGemvKernel
   asm volatile("griddepcontrol.launch_dependents;");
 
   ReduceSplitsAndStore<kTokens, kColumns, /*kWarps=*/1, kWgmmaGemvThreads, G::kSumStride, Tag,
-                       kActivation, kFp8>(p, sums, split, splits);
+                       kActivation, kFp8, kGated>(p, sums, split, splits);
 }
 
 // Launches the tensor-core form on `p` (shapes and split checked by CannotRun, buffers by
@@ -321,9 +322,8 @@ __global__ void __launch_bounds__(kWgmmaGemvThreads, kCtasPerSm) WgmmaGemvKernel
 // kEvictFirst) are the product's, at the declaration in gemv_kernel.cuh; the gemv probe
 // (benchmarks/research/gemv_probe) times the others.
 template <int kTokens, int kColumns, class Tag, bool kFp8, Activation kActivation,
-          int kCtasPerSm, int kL2PromotionBytes, bool kEvictFirst>
-std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts,
-                            cudaStream_t stream) {
+          int kCtasPerSm, int kL2PromotionBytes, bool kEvictFirst, bool kGated, class Problem>
+std::string LaunchWgmmaGemv(const Problem& p, const DeviceFacts& facts, cudaStream_t stream) {
   using G = WgmmaGemv<kTokens, kColumns, Tag, kFp8, kCtasPerSm>;
   using Element = typename G::Element;
   static_assert(kL2PromotionBytes == 128 || kL2PromotionBytes == 256, "an L2 promotion");
@@ -331,14 +331,14 @@ std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts,
   if (kFp8 && (p.x_scale == nullptr || p.w_scale == nullptr)) {
     return "the fp8 gemv kernel was called without scales";
   }
-  auto* kernel =
-      WgmmaGemvKernel<kTokens, kColumns, Tag, kFp8, kActivation, kCtasPerSm, kEvictFirst>;
+  auto* kernel = WgmmaGemvKernel<kTokens, kColumns, Tag, kFp8, kActivation, kCtasPerSm,
+                                 kEvictFirst, kGated>;
   if (std::string err = EnsureSharedMemoryLimit(reinterpret_cast<const void*>(kernel),
                                                 G::kSharedBytes, facts.device);
       !err.empty()) {
     return err;
   }
-  const int columns = static_cast<int>(2 * p.n_packed), m = static_cast<int>(p.m),
+  const int columns = static_cast<int>(StreamedColumns(p)), m = static_cast<int>(p.m),
             k = static_cast<int>(p.k);
   typename G::Params params{
       {},
@@ -346,8 +346,9 @@ std::string LaunchWgmmaGemv(const SwigluProblem& p, const DeviceFacts& facts,
                           WgmmaGemvX(static_cast<const Element*>(p.x), m, k),
                           typename G::SmemLayoutX{}(cute::_, cute::_, 0)),
       MakeGemvParams(p, G::kTileK)};
-  if (std::string err = EncodeWgmmaGemvWeights(&params.w, static_cast<const Element*>(p.packed),
-                                               columns, k, kL2PromotionBytes, kColumns);
+  const auto* weights = static_cast<const Element*>(StreamedWeights(p));
+  if (std::string err =
+          EncodeWgmmaGemvWeights(&params.w, weights, columns, k, kL2PromotionBytes, kColumns);
       !err.empty()) {
     return err;
   }
