@@ -72,6 +72,27 @@ inline std::vector<int> SplitChoices(const KernelConfig& c, int64_t k) {
   return choices;
 }
 
+// Why row `c` cannot take x [m, k] and n outputs from `columns` streamed weight columns: the
+// sizes its 32-bit indices hold, 16-byte rows for TMA and the 16-byte loads, a compiled row;
+// or "".
+inline std::string CannotTakeShapes(const KernelConfig& c, int64_t m, int64_t n, int64_t k,
+                                    int64_t columns) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (m < 0 || n <= 0 || k <= 0 || m > kMax || k > kMax || columns > kMax) {
+    return "M, N and K must be in 0..2^31 - 1 (N and K positive); got M=" + std::to_string(m) +
+           " N=" + std::to_string(n) + " K=" + std::to_string(k);
+  }
+  if (k % KMultiple(c) != 0 || n % 8 != 0) {
+    return RowName(c) + " needs K a multiple of " + std::to_string(KMultiple(c)) +
+           " and N a multiple of 8 (16-byte rows); got K=" + std::to_string(k) +
+           ", N=" + std::to_string(n);
+  }
+  if (!c.compiled()) {
+    return RowName(c) + " is not compiled in this build (install with JAX_SWIGLU_ALL_CONFIGS=1)";
+  }
+  return {};
+}
+
 // Why gemv row `c` cannot split K=k over a cluster of `splits` CTAs, or "".
 inline std::string CannotSplitClusterK(const KernelConfig& c, int64_t k, int splits) {
   bool cluster_size = false;
@@ -114,18 +135,8 @@ inline std::string CannotPromote(const KernelConfig& c, int promotion) {
 // can.
 inline std::string CannotRun(const KernelConfig& c, const SwigluProblem& p) {
   const std::string name = RowName(c);
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (p.m < 0 || p.n <= 0 || p.k <= 0 || p.m > kMax || p.k > kMax || 2 * p.n_packed > kMax) {
-    return "M, N and K must be in 0..2^31 - 1 (N and K positive); got M=" + std::to_string(p.m) +
-           " N=" + std::to_string(p.n) + " K=" + std::to_string(p.k);
-  }
-  if (p.k % KMultiple(c) != 0 || p.n % 8 != 0) {
-    return name + " needs K a multiple of " + std::to_string(KMultiple(c)) +
-           " and N a multiple of 8 (16-byte rows); got K=" + std::to_string(p.k) +
-           ", N=" + std::to_string(p.n);
-  }
-  if (!c.compiled()) {
-    return name + " is not compiled in this build (install with JAX_SWIGLU_ALL_CONFIGS=1)";
+  if (std::string err = CannotTakeShapes(c, p.m, p.n, p.k, 2 * p.n_packed); !err.empty()) {
+    return err;
   }
   if (c.max_m() > 0 && p.m > c.max_m()) {
     return name + " runs at most " + std::to_string(c.max_m()) + " tokens; got M=" +
@@ -188,22 +199,10 @@ inline std::string CannotRun(const KernelConfig& c, const SwigluProblem& p) {
 // LaunchGemvProjection), or "" if it can.
 inline std::string CannotRunProjection(const KernelConfig& c, const ProjectionProblem& p) {
   const std::string name = RowName(c);
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   if (c.family != Family::Gemv) {
     return name + " is not a gemv row: only the decode form runs a plain projection";
   }
-  if (p.m < 0 || p.n <= 0 || p.k <= 0 || p.m > kMax || p.n > kMax || p.k > kMax) {
-    return "M, N and K must be in 0..2^31 - 1 (N and K positive); got M=" + std::to_string(p.m) +
-           " N=" + std::to_string(p.n) + " K=" + std::to_string(p.k);
-  }
-  if (p.k % KMultiple(c) != 0 || p.n % 8 != 0) {
-    return name + " needs K a multiple of " + std::to_string(KMultiple(c)) +
-           " and N a multiple of 8 (16-byte rows); got K=" + std::to_string(p.k) +
-           ", N=" + std::to_string(p.n);
-  }
-  if (!c.compiled()) {
-    return name + " is not compiled in this build (install with JAX_SWIGLU_ALL_CONFIGS=1)";
-  }
+  if (std::string err = CannotTakeShapes(c, p.m, p.n, p.k, p.n); !err.empty()) return err;
   if (p.m > c.max_m()) {
     return name + " runs at most " + std::to_string(c.max_m()) + " tokens; got M=" +
            std::to_string(p.m);
