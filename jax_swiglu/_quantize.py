@@ -13,11 +13,17 @@ activations, a scale per output channel), so :func:`jax_swiglu.fused_mlp` can ru
 block in fp8, the activations quantized per row on the way in.
 
 Tokens are quantized per row (:func:`quantize_tokens`): ``x[m, k] = x_q[m, k] * x_scale[m]``,
-the scale mapping the row's largest magnitude onto the format's largest finite value. Scales
-are plain fp32 arrays beside the fp8 data, as XLA's scaled fp8 dots and qwix keep them.
+the scale the smallest power of two that brings the row's largest magnitude within the
+format's largest finite value (as the OCP MX formats' shared scales are powers of two). A
+power of two and its inverse are exact in fp32, and so is ``x * inverse``: the one rounding
+is the cast to fp8, so every backend (XLA's fusions on any device, the extension's kernel)
+gets the same bits, which a scale of ``amax / 448`` does not give (XLA's GPU compiler turns
+the division into a product with a reciprocal). The relative precision of fp8 is the same in
+every binade, so this costs at most one binade of the subnormal range.
 
-Zero rows and columns get scale 1 (their data is all zeros); values are clipped to the
-format's finite range before the cast, since e4m3fn has no infinity and would turn an
+Zero rows and columns get scale 1 (their data is all zeros), and so do token rows whose
+largest magnitude is not finite (an infinity saturates, a NaN stays NaN); values are clipped
+to the format's finite range before the cast, since e4m3fn has no infinity and would turn an
 overflow into NaN.
 """
 
@@ -27,6 +33,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _layout
 
@@ -52,6 +59,25 @@ def _scales(amax, dtype):
     positive = amax > 0
     safe = jnp.where(positive, amax, 1.0)
     return (jnp.where(positive, safe / largest, 1.0), jnp.where(positive, largest / safe, 1.0))
+
+
+def _token_scales(amax, dtype):
+    """(scale, its inverse) for token rows: the smallest power of two ``2^e`` with
+    ``amax / 2^e <= largest`` (the format's largest finite value) and ``2^-e``, from the
+    fp32 bits alone: with ``amax = 1.a * 2^A`` and ``largest = 1.l * 2^L`` (normal floats),
+    ``e = A - L`` where ``a <= l``, else ``A - L + 1``; clamped to ``[-126, 127]`` so both
+    are normal floats (a subnormal amax, below ``2^-126``, takes ``e = -126``); 1 where
+    amax is 0, infinite or NaN. ffi/kernels/quantize_rows.cuh computes the same integers."""
+    largest_bits = int(np.float32(jnp.finfo(dtype).max).view(np.int32))
+    amax = amax.astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(amax, jnp.int32)
+    mantissa = 0x7FFFFF
+    exponent = ((bits >> 23) - (largest_bits >> 23)
+                + ((bits & mantissa) > (largest_bits & mantissa)).astype(jnp.int32))
+    exponent = jnp.clip(exponent, -126, 127)
+    exponent = jnp.where((amax > 0) & (amax < jnp.inf), exponent, 0)
+    as_float = lambda e: jax.lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
+    return as_float(exponent), as_float(-exponent)
 
 
 def _cast(values_f32, dtype):
@@ -322,10 +348,16 @@ def dequantize_weights(weights: QuantizedWeights):
 
 
 def quantize_tokens(x, dtype=jnp.float8_e4m3fn):
-    """``(x_q, x_scale)``: ``x [..., K]`` per row in fp8, and its fp32 scales ``[...]``."""
+    """``(x_q, x_scale)``: ``x [..., K]`` per row in fp8, and its fp32 scales ``[...]``:
+    powers of two, each the smallest that brings its row's largest magnitude within the
+    format's largest finite value (1 for a row of zeros or with an infinity or NaN), so
+    ``x_q = fp8(x / x_scale)`` is exact up to the one rounding of the cast, on every
+    backend (see the module docstring)."""
     dtype = check_fp8_dtype(dtype, "dtype")
     x = jnp.asarray(x, jnp.float32)
-    scale, inverse = _scales(jnp.max(jnp.abs(x), axis=-1), dtype)
+    # A NaN anywhere in the row makes its amax NaN (XLA's max on the CPU may drop NaNs).
+    amax = jnp.where(jnp.isnan(x).any(axis=-1), jnp.nan, jnp.max(jnp.abs(x), axis=-1))
+    scale, inverse = _token_scales(amax, dtype)
     return _cast(x * inverse[..., None], dtype), scale
 
 

@@ -272,12 +272,20 @@ def fused_mlp_reference_quantized(x, weights, down, *, activation: str = "silu")
     to the call's dtype, as the fused kernel stores it) quantized per row, and the down
     projection in fp32 math on the dequantized values, rounded once."""
     h = swiglu_reference_quantized(x, weights, activation=activation)
+    return down_projection_reference_quantized(h, down, out_dtype=fp8_output_dtype(x.dtype))
+
+
+def down_projection_reference_quantized(h, down, *, out_dtype):
+    """The spec of the down projection in fp8, given the gated activations ``h [..., N]``: h
+    quantized per row, the product in fp32 math on the dequantized values, rounded once.
+    Testing a block against it with the h the block computed separates the two halves: h
+    near an fp8 rounding boundary turns a one-step difference in h into a whole fp8 step."""
     h_q, h_scale = _quantize.quantize_tokens(h, down.dtype)
     h_f32 = h_q.astype(jnp.float32) * h_scale[..., None]
     w_down = _quantize.dequantize_down(down)
     h_f32, w_down = jax.lax.optimization_barrier((h_f32, w_down))
     out = jnp.matmul(h_f32, w_down, precision=jax.lax.Precision.HIGHEST)
-    return out.astype(fp8_output_dtype(x.dtype))
+    return out.astype(out_dtype)
 
 
 def swiglu_xla_quantized(x, weights, *, x_scale=None, activation: str = "silu",

@@ -1,7 +1,9 @@
 // Tokens quantized per row for the e4m3 kernels, as jax_swiglu.quantize_tokens defines them
-// (bit for bit): amax = max |x| over the row, scale = amax / 448 and inverse = 448 / amax
-// (both 1 where amax is 0 or NaN), x_q = e4m3(clamp(x * inverse, -448, 448)) rounded to
-// nearest even. Before it, an fp8 call of 16-bit tokens ran that definition as XLA fusions
+// (bit for bit): amax = max |x| over the row, scale = 2^e the smallest power of two with
+// amax / 2^e <= 448 (e from amax's fp32 bits, clamped to [-126, 127]), inverse = 2^-e (both
+// 1 where amax is 0, infinite or NaN), x_q = e4m3(clamp(x * inverse, -448, 448)) rounded to
+// nearest even. The product is exact, so the cast is the only rounding and XLA's fusions of
+// the same definition get the same bits. Before it, an fp8 call of 16-bit tokens ran that definition as XLA fusions
 // of its own; this is one kernel, launched with PDL (launch.h) like the fused kernels: it
 // waits for the previous kernel before reading x, then lets the next kernel of the stream
 // (the fused e4m3 kernel that reads x_q) start its prologue at once.
@@ -27,8 +29,19 @@ namespace jax_swiglu {
 inline constexpr int kQuantizeThreads = 256;
 inline constexpr int kQuantizeVector = 8;  // 16-bit values per 16-byte load
 inline constexpr int kQuantizeCached = 8;  // 16-byte loads a thread keeps in registers
-// The largest finite e4m3 value (float8_e4m3fn).
-inline constexpr float kE4m3Largest = 448.0f;
+// The largest finite e4m3 value (float8_e4m3fn), 1.75 * 2^8, as fp32 bits.
+inline constexpr int kE4m3LargestBits = 0x43e00000;
+inline constexpr int kFloatMantissaBits = 0x7fffff;
+
+// The row's scale exponent (see the top): amax = 1.a * 2^A and 448 = 1.l * 2^L give
+// e = A - L, plus 1 where a > l; both fields read from the bits, as _quantize._token_scales
+// does.
+__device__ __forceinline__ int ScaleExponent(float amax) {
+  const int bits = __float_as_int(amax);
+  const int e = (bits >> 23) - (kE4m3LargestBits >> 23) +
+                ((bits & kFloatMantissaBits) > (kE4m3LargestBits & kFloatMantissaBits) ? 1 : 0);
+  return min(max(e, -126), 127);
+}
 
 template <class Tag>
 __device__ __forceinline__ void UnpackEight(uint4 v, float (&out)[kQuantizeVector]) {
@@ -101,10 +114,10 @@ __global__ void __launch_bounds__(kQuantizeThreads)
       row_amax = fmaxf(row_amax, warp_amax[w]);
       row_nan |= warp_nan[w] != 0;
     }
-    // Correctly rounded divisions, as XLA computes quantize_tokens' two quotients.
-    const bool positive = !row_nan && row_amax > 0.0f;
-    x_scale[row] = positive ? __fdiv_rn(row_amax, kE4m3Largest) : 1.0f;
-    row_inverse = positive ? __fdiv_rn(kE4m3Largest, row_amax) : 1.0f;
+    const bool finite_positive = !row_nan && row_amax > 0.0f && !isinf(row_amax);
+    const int e = finite_positive ? ScaleExponent(row_amax) : 0;
+    x_scale[row] = __int_as_float((127 + e) << 23);
+    row_inverse = __int_as_float((127 - e) << 23);
   }
   __syncthreads();
   const float inverse = row_inverse;

@@ -145,9 +145,9 @@ def test_tokens_quantize_in_one_kernel_as_quantize_tokens_does(m, k, dtype, key)
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_tokens_quantize_with_nan_and_inf_as_quantize_tokens_does(dtype, key):
-    """A row with a NaN has scale 1 (its other values quantized as they are, NaN where x is);
-    a row with an infinity has an infinite scale (x_q NaN there, zero elsewhere): as
-    quantize_tokens defines them."""
+    """A row with a NaN or an infinity has scale 1 (its other values quantized as they are,
+    NaN where x is NaN, the largest finite value where it is infinite): as quantize_tokens
+    defines them."""
     x = jax.random.normal(key, (4, 512), jnp.float32).astype(dtype)
     x = x.at[1, 7].set(jnp.nan).at[2, 300].set(jnp.inf).at[3, 0].set(-jnp.inf)
     _assert_same_quantization(jax.jit(_quantize_rows)(x), jax.jit(quantize_tokens)(x))
