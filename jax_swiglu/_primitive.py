@@ -402,9 +402,10 @@ def _reference_lowering(ctx, *operands, n, weights, launch, activation, out_dtyp
 
 
 # Whether an fp8 call's 16-bit x is quantized by the extension's kernel (quantize_rows.cuh)
-# rather than by XLA's fusions of quantize_tokens (the same values). Off until the GPU has run
-# the kernel's tests (tests/kernels/test_fp8.py call it directly either way).
-QUANTIZE_KERNEL = False
+# rather than by XLA's fusions of quantize_tokens (the same bits: the scales are powers of two,
+# so the cast is the one rounding on both). Off, XLA's fusions run it (a switch for tests and
+# probes; tests/kernels/test_fp8.py call the kernel directly either way).
+QUANTIZE_KERNEL = True
 
 
 def _quantize_lowering(ctx, x, weights_dtype):
