@@ -215,7 +215,8 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
       w_down: ``[N, K_out]``, same dtype as ``x``; or :class:`QuantizedDown`
         (:func:`quantize_down`): the gated activations are then quantized per row and the
         down projection is XLA's scaled fp8 dot (fast accumulation where ``accumulation``
-        is ``"fast"``), the whole block in fp8 with fp8 ``packed``.
+        is ``"fast"``), or on one SM90 GPU at a few tokens the decode form's projection
+        (a gemv row, the same values), the whole block in fp8 with fp8 ``packed``.
       kernel, launch, activation, x_scale, accumulation: as in :func:`swiglu` (``packed``
         may be fp8 :class:`QuantizedWeights`; a plain ``w_down`` is then in the call's output
         dtype).
@@ -262,10 +263,24 @@ def _fp8_down_block(x, packed, down, out_dtype, reduce_dtype, *, accumulation, *
     # 16-bit gate/up weights accumulate in fp32: their down projection promotes too.
     fp8_gate_up = isinstance(packed, _quantize.QuantizedWeights)
     down_accumulation = accumulation if fp8_gate_up else "promoted"
-    out = _reference.down_projection_quantized(
-        y, down, reduce_dtype=reduce_dtype, accumulation=down_accumulation,
-        out_sharding=_down_projection_sharding(y, down.data.T))
+    if _explicit_axes(y, down.data):
+        # The result's sharding is part of its type: XLA's dot, told it.
+        out = _reference.down_projection_quantized(
+            y, down, reduce_dtype=reduce_dtype, accumulation=down_accumulation,
+            out_sharding=_down_projection_sharding(y, down.data.T))
+    else:
+        # One primitive: the decode form on one device at a few tokens, else XLA's dot.
+        lead = y.shape[:-1]
+        out = _primitive.down_projection_p.bind(
+            y.reshape(-1, y.shape[-1]), down.data, down.scales, accumulation=down_accumulation,
+            reduce_dtype=reduce_dtype.name).reshape(*lead, down.k_out)
     return out.astype(out_dtype)
+
+
+def _explicit_axes(*arrays) -> bool:
+    """Whether any of ``arrays`` is typed with explicit mesh axes."""
+    explicit = jax.sharding.AxisType.Explicit
+    return any(explicit in tuple(jax.typeof(a).sharding.mesh.axis_types) for a in arrays)
 
 
 def _down_projection_sharding(y, w_down):

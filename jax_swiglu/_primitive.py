@@ -43,7 +43,8 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax._src import dispatch
+import numpy as np
+from jax._src import dispatch, sharding_impls
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
@@ -598,3 +599,126 @@ def _grouped_no_jvp(primals, tangents, **params):
 
 
 ad.primitive_jvps[grouped_swiglu_p] = _grouped_no_jvp
+
+
+# --- the fp8 down projection of a block (fused_mlp with QuantizedDown) ----------------------
+#
+# down_projection_p.bind(h, data, scales, accumulation=..., reduce_dtype=...): the gated
+# activations h [M, N] (16-bit) quantized per row, times the K-major fp8 down weights
+# data [K_out, N] with their scales ([K_out] or []), in reduce_dtype [M, K_out]: the values of
+# _reference.down_projection_quantized. On CUDA, in a program on one device, at the token
+# counts selection.choose_projection gives the decode form (the quantize kernel, then a gemv
+# row's plain projection); everywhere else, and in a program partitioned over devices (where
+# XLA's dot takes part in the partitioning: a row-parallel down projection's all-reduce),
+# XLA's scaled fp8 dot. fused_mlp binds it only where no mesh axes are explicit.
+
+down_projection_p = Primitive("jax_swiglu_down_projection")
+
+
+def _down_abstract_eval(h, data, scales, *, accumulation, reduce_dtype):
+    check_accumulation(accumulation, fp8=True)
+    if h.ndim != 2 or data.ndim != 2 or h.shape[1] != data.shape[1]:
+        raise ValueError(f"jax_swiglu down projection takes h [M, N] and data [K_out, N], got "
+                         f"{h.shape} and {data.shape}")
+    if h.dtype not in _layout.KERNEL_DTYPES:
+        raise TypeError(f"jax_swiglu down projection takes bfloat16 or float16 h, got {h.dtype}")
+    _quantize.check_fp8_dtype(data.dtype, "the down projection's data")
+    if scales.dtype != jnp.float32 or scales.shape not in ((), (data.shape[0],)):
+        raise ValueError(f"scales must be float32 [] or [{data.shape[0]}], got {scales.dtype} "
+                         f"{scales.shape}")
+    if reduce_dtype not in (jnp.dtype(h.dtype).name, "float32"):
+        raise TypeError(f"reduce_dtype must be h's dtype or float32, got {reduce_dtype}")
+    return jax.core.ShapedArray((h.shape[0], data.shape[0]), jnp.dtype(reduce_dtype))
+
+
+down_projection_p.def_abstract_eval(_down_abstract_eval)
+
+
+@functools.cache
+def _down_jitted(**params):
+    return jax.jit(functools.partial(down_projection_p.bind, **params))
+
+
+down_projection_p.def_impl(lambda *operands, **params: _down_jitted(**params)(*operands))
+
+
+def _down_reference(h, data, scales, *, accumulation, reduce_dtype):
+    down = _quantize.QuantizedDown._wrap(data, scales,
+                                         "per_tensor" if scales.ndim == 0 else "per_channel")
+    return _reference.down_projection_quantized(h, down, reduce_dtype=jnp.dtype(reduce_dtype),
+                                                accumulation=accumulation)
+
+
+def _down_reference_lowering(ctx, h, data, scales, *, accumulation, reduce_dtype):
+    fn = functools.partial(_down_reference, accumulation=accumulation, reduce_dtype=reduce_dtype)
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, h, data, scales)
+
+
+def _one_device(ctx) -> bool:
+    """Whether the module runs on one device unpartitioned (or is one device's body of a
+    shard_map, on local shapes): a custom call there needs no partitioning rule."""
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, sharding_impls.ShardingContext):
+        return axis_context.num_devices == 1
+    if isinstance(axis_context, sharding_impls.SPMDAxisContext):
+        return set(axis_context.manual_axes) == set(axis_context.mesh.axis_names)
+    return False
+
+
+def down_projection_choice(h_aval, data_aval, *, accumulation, platform="cuda"):
+    """The choice (selection.choose_projection) for one device's operands."""
+    m, n = h_aval.shape
+    return selection.choose_projection(m, data_aval.shape[0], n, jnp.dtype(h_aval.dtype).name,
+                                       accumulation=accumulation, platform=platform)
+
+
+def _down_cuda_lowering(ctx, h, data, scales, *, accumulation, reduce_dtype):
+    h_aval, data_aval = ctx.avals_in[0], ctx.avals_in[1]
+    choice = (down_projection_choice(h_aval, data_aval, accumulation=accumulation)
+              if _one_device(ctx) and data_aval.dtype == jnp.float8_e4m3fn else None)
+    if choice is None or choice.launch is None:
+        return _down_reference_lowering(ctx, h, data, scales, accumulation=accumulation,
+                                        reduce_dtype=reduce_dtype)
+    launch = choice.launch
+    m, n = h_aval.shape
+    k_out = data_aval.shape[0]
+    out_dtype = jnp.dtype(h_aval.dtype)
+
+    def fn(h, data, scales):
+        if QUANTIZE_KERNEL:
+            h_q, h_scale = jax.ffi.ffi_call(
+                _native.quantize_target(h.dtype),
+                (jax.ShapeDtypeStruct((m, n), data.dtype),
+                 jax.ShapeDtypeStruct((m,), jnp.float32)))(h)
+        else:
+            h_q, h_scale = _quantize.quantize_tokens(h, data.dtype)
+        attributes = {name: np.int64(value) for name, value in
+                      dict(config=launch.config, splits=launch.splits,
+                           promotion=launch.promotion_interval).items()}
+        out = jax.ffi.ffi_call(_native.projection_target("e4m3", out_dtype),
+                               jax.ShapeDtypeStruct((m, k_out), out_dtype))(
+            h_q, h_scale, data, jnp.reshape(scales, (-1,)), **attributes)
+        return out.astype(reduce_dtype)
+
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, h, data, scales)
+
+
+mlir.register_lowering(down_projection_p, _down_reference_lowering)
+mlir.register_lowering(down_projection_p, _down_cuda_lowering, platform="cuda")
+
+
+def _down_batch(args, dims, **params):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    if all(d is None for d in dims[1:]):
+        # Shared weights: the batch folds into M, one call.
+        h = batching.bdim_at_front(args[0], dims[0], size)
+        batch, m = h.shape[:2]
+        out = down_projection_p.bind(h.reshape(batch * m, h.shape[2]), *args[1:], **params)
+        return out.reshape(batch, m, out.shape[-1]), 0
+    args = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    return jnp.stack([down_projection_p.bind(*(a[i] for a in args), **params)
+                      for i in range(size)]), 0
+
+
+batching.primitive_batchers[down_projection_p] = _down_batch
+ad.primitive_jvps[down_projection_p] = _no_jvp

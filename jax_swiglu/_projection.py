@@ -5,8 +5,9 @@ The gemv rows stream a weight matrix once with K split over a thread-block clust
 workspace (ffi/kernels/gemv/); the same stream with each column's sum stored as an output
 (no gate/up pairing, no activation) is a down projection on the decode form. Its inputs are
 checked here, at trace time, with the words of the launch's own check (CannotRunProjection).
-``fused_mlp`` does not run it yet: benchmarks/research/down_projection.py times it beside
-XLA's dot first.
+``fused_mlp``'s fp8 down projection runs the e4m3 one at a few tokens
+(``_primitive.down_projection_p``); benchmarks/research/down_projection.py times both forms
+beside XLA's dot.
 """
 
 from __future__ import annotations

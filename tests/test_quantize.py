@@ -560,3 +560,46 @@ def test_the_fp8_down_projection_lowers_to_one_fp8_dot(key):
     [promoted] = down_dots("promoted")
     [fast] = down_dots("fast")
     assert "HIGHEST" in promoted and "HIGHEST" not in fast
+
+
+@requires_kernels
+@pytest.mark.parametrize("m", [1, 2, 8, 9, 64])
+@pytest.mark.parametrize("scale", ["per_channel", "per_tensor"])
+def test_the_fp8_down_projection_runs_the_decode_form_at_a_few_tokens(key, m, scale):
+    """Lowered for CUDA on one device: at the token counts selection.choose_projection gives
+    the decode form (h quantized by the quantize kernel, then the e4m3 gemv row's plain
+    projection with the split the engine chose), no fp8 dot left for XLA; at other M XLA's
+    scaled fp8 dot. The CPU lowering is XLA's dot at every M."""
+    q = quantize_weights(*random_weights(key, 1024, 2816, jnp.float32))
+    _, down = _down(key, 2816, 1024, scale)
+    x = jax.ShapeDtypeStruct((m, 1024), jnp.bfloat16)
+    block = jax.jit(lambda x, q, d: jax_swiglu.fused_mlp(x, q, d))
+    hlo = block.trace(x, q, down).lower(lowering_platforms=("cuda",)).as_text()
+    choice = selection.choose_projection(m, 1024, 2816, "bfloat16")
+    fp8_dots = [line for line in hlo.splitlines() if "dot_general" in line and "f8E4M3FN" in line]
+    if m in selection.PROJECTION_TOKENS:
+        assert choice.launch is not None and choice.launch.row.is_gemv
+        calls = _custom_calls(hlo)
+        assert calls[-1] == "jax_swiglu_gemv_projection_fp8_bf16" and not fp8_dots
+        assert calls.count("jax_swiglu_quantize_rows_e4m3_bf16") == (
+            2 if _primitive.QUANTIZE_KERNEL else 0)
+        assert f"config = {choice.launch.config}" in hlo.split("gemv_projection_fp8_bf16")[-1]
+    else:
+        assert choice.launch is None
+        assert "gemv_projection" not in hlo and len(fp8_dots) == 1
+    cpu = block.trace(x, q, down).lower(lowering_platforms=("cpu",)).as_text()
+    assert "gemv_projection" not in cpu and "custom_call" not in cpu
+
+
+def test_the_fp8_down_projection_primitive_batches_and_refuses_gradients(key):
+    """vmap over h folds into M (the same values as the unbatched call); no gradient."""
+    _, down = _down(key, 96, 64)
+    h = random_x(key, (3, 5, 96))
+    bind = functools.partial(_primitive.down_projection_p.bind, accumulation="promoted",
+                             reduce_dtype="bfloat16")
+    batched = jax.vmap(lambda h: bind(h, down.data, down.scales))(h)
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(batched[i]),
+                                      np.asarray(bind(h[i], down.data, down.scales)))
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        jax.grad(lambda h: bind(h, down.data, down.scales).astype(jnp.float32).sum())(h[0])

@@ -243,6 +243,45 @@ def choose(problem: Problem, *, kernel: str = "auto", launch: _launch.Launch | N
     return Choice(decision.launch, decision.reason, source)
 
 
+# --- the decode form's plain projection (fused_mlp's fp8 down projection) -------------------
+
+# The token counts at which the e4m3 down projection runs on a gemv row rather than XLA's
+# scaled fp8 dot. At one token XLA turns the dot into a reduction that streams the weights at
+# about the HBM rate; from two tokens it runs a GEMM kernel, which the gemv row's stream beats
+# while its token tile stays small (benchmarks/research/down_projection.py measures both).
+PROJECTION_TOKENS = range(2, 9)
+
+
+def choose_projection(m: int, n_out: int, k: int, dtype: str, *, operands: str = "e4m3",
+                      accumulation: str = "promoted", platform: str = "cuda") -> Choice:
+    """What runs a plain projection ``[m, k] x [k, n_out]`` (a block's down projection on
+    ``operands``, output ``dtype``): a gemv row at M in PROJECTION_TOKENS, the row and the
+    split of K the cost model picks (_heuristic.projection_gemv; no tuning data measures
+    projections yet); else XLA's dot."""
+    no_kernel = _no_fused_kernel("auto", None, platform)
+    if no_kernel is not None:
+        return no_kernel
+    if m not in PROJECTION_TOKENS:
+        return Choice(None, f"M={m} tokens: XLA's dot (the gemv projection runs "
+                      f"{PROJECTION_TOKENS.start}-{PROJECTION_TOKENS.stop - 1})", "heuristic")
+    if n_out % 2:
+        return Choice(None, f"N={n_out} output columns are odd", "heuristic")
+    problem = Problem(m, n_out // 2, k, dtype, operands, "silu", accumulation)
+    picked = _engine.decide_projection(m, n_out, k, candidates(problem, "gemv"),
+                                       1 if operands == "e4m3" else 2)
+    if picked is None:
+        return Choice(None, f"no compiled gemv row runs M={m} N={n_out} K={k}", "heuristic")
+    launch, reason = picked
+    if accumulation == "fast":
+        launch = dataclasses.replace(launch, promotion=_launch.FAST_ACCUMULATION)
+    why = _native.can_implement_projection(launch.config, m=m, n=n_out, k=k,
+                                            splits=launch.splits,
+                                            promotion=launch.promotion_interval)
+    if why:
+        return Choice(None, f"the gemv row cannot run the projection: {why}", "heuristic")
+    return Choice(launch, reason, "heuristic")
+
+
 # --- grouped (mixture-of-experts) calls ------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)

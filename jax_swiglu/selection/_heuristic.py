@@ -101,6 +101,37 @@ def _e4m3_gemv(model: _model.Problem, candidates, device, constants):
             f"(the cost model alone)")
 
 
+# A split of K costs what the cost model does not price (each extra CTA's partial sums through
+# distributed shared memory, a cluster barrier): a plain projection takes the fewest splits
+# whose prediction is within this share of the best.
+PROJECTION_SPLIT_MARGIN = 0.05
+PROJECTION_SPLITS = (1, 2, 4)
+
+
+def projection_gemv(model: _model.Problem, candidates, device, constants):
+    """(launch, reason) for a plain projection on the gemv rows (a block's down projection:
+    ``model.packed`` output columns over K, at most the rows' tokens), or None. Unlike the
+    gated call, whose wide grid of column tiles already fills the SMs, a down projection has
+    a few dozen tiles of long K: one CTA a tile pulls at most what one SM can, so the cost
+    model splits K over a cluster until the SMs together reach the HBM rate, and the fewest
+    splits within PROJECTION_SPLIT_MARGIN of its best are taken."""
+    rows = [c for c in candidates if c.is_gemv and not c.optional and c.runs(model.m)]
+    predicted = model_alone(rows, model, device, constants, lambda config, k: PROJECTION_SPLITS)
+    if not predicted:
+        return None
+    best = min(predicted.values())
+    (key, splits), us = min(((launch, us) for launch, us in predicted.items()
+                             if us <= best * (1 + PROJECTION_SPLIT_MARGIN)),
+                            key=lambda item: (item[0][1], item[1]))
+    config = next(c for c in rows if c.key == key)
+    ctas = math.ceil(model.packed / config.tile_n)
+    split = f"K over {splits} CTAs" if splits > 1 else "K unsplit"
+    return (_launch.Launch(config.id, splits),
+            f"M={model.m} tokens: the projection on the gemv row of {config.tile_n} columns a "
+            f"CTA ({ctas} column tiles, {split}, on {device.sm_count} SMs), predicted "
+            f"{_fmt(us)} (the cost model alone)")
+
+
 def model_alone(candidates, model: _model.Problem, device, constants, splits_of) -> dict:
     """The cost model's time of every candidate launch, {(config key, splits): us}: stream-K
     configs with their own decomposition, the gemv kernel at each of its cluster sizes

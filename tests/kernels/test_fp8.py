@@ -181,10 +181,10 @@ FAST_BLOCK_FROBENIUS = 5e-2
 
 
 @pytest.mark.parametrize("accumulation", ["promoted", "fast"])
-@pytest.mark.parametrize("m", [1, 300, 2048])
+@pytest.mark.parametrize("m", [1, 4, 8, 300, 2048])
 def test_the_whole_block_in_fp8(m, accumulation, key):
     """The block on the GPU: the fused kernel's h (checked above), quantized per row, through
-    XLA's fp8 GEMM with the down weights. Against h's own quantization and the down
+    XLA's fp8 GEMM with the down weights (at 2-8 tokens the gemv row's projection instead). Against h's own quantization and the down
     projection in float64: the criterion's line and allowance of the mode (the down dot
     adds N = 2816 products per output). Against the whole spec (the exact h quantized): a
     Frobenius bound. Quantizing h to e4m3 turns a small difference in h into a whole e4m3
@@ -206,3 +206,30 @@ def test_the_whole_block_in_fp8(m, accumulation, key):
     spec = np.asarray(fused_mlp_reference_quantized(x, q, down), np.float32)
     bound = FAST_BLOCK_FROBENIUS if accumulation == "fast" else 1e-2
     assert np.linalg.norm(out - spec) / np.linalg.norm(spec) < bound
+
+
+@pytest.mark.parametrize("m", [2, 5, 8])
+@pytest.mark.parametrize("scale", ["per_channel", "per_tensor"])
+def test_the_block_runs_the_gemv_projection_at_a_few_tokens(m, scale, key):
+    """At the token counts selection.choose_projection gives the decode form, the block's
+    down projection is the chosen gemv launch on h quantized by quantize_tokens' definition:
+    the same bits as calling that launch directly, twice over (deterministic)."""
+    from jax_swiglu import selection
+    from jax_swiglu._projection import gemv_projection
+
+    kx, kd = jax.random.split(key)
+    x, q = inputs(kx, m, 1024, 2816, jnp.dtype(jnp.bfloat16), "e4m3")
+    down = quantize_down(jax.random.normal(kd, (2816, 4096), jnp.float32) / np.sqrt(2816),
+                         scale=scale)
+    choice = selection.choose_projection(m, 4096, 2816, "bfloat16")
+    assert choice.launch is not None, choice.reason
+    block = jax.jit(lambda x, q, d: fused_mlp(x, q, d))
+    out = np.asarray(block(x, q, down)).view(np.uint16)
+    np.testing.assert_array_equal(np.asarray(block(x, q, down)).view(np.uint16), out)
+    h = jax.jit(lambda x, q: swiglu(x, q))(x, q)
+    h_q, h_scale = jax.jit(quantize_tokens)(h)
+    direct = jax.jit(lambda h_q, s, d: gemv_projection(
+        h_q, d, config=choice.launch.config, splits=choice.launch.splits, x_scale=s,
+        promotion=choice.launch.promotion_interval))(
+        h_q, h_scale, down)
+    np.testing.assert_array_equal(np.asarray(direct).view(np.uint16), out)
