@@ -23,7 +23,8 @@ gate/up kernel, the quantization, the residual add).
 
 ``--fp8``: the gate/up weights in e4m3 (the down projection stays bf16), against XLA's fp8
 path; jax_swiglu's block quantizes x with its own kernel, which lets the fused kernel start
-at once, and is also timed on x quantized by XLA's fusions.
+at once, and is also timed on x quantized by XLA's fusions. ``--fp8 --fp8-down``: the whole
+block in fp8 (``quantize_down``), against XLA's fp8 path for both dots.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from .. import bench_swiglu
 from .. import shapes as shapes_lib
 
 
-def _weights(key, k, n, blocks, fp8: bool):
+def _weights(key, k, n, blocks, fp8: bool, fp8_down: bool = False):
     layers = []
     for i in range(blocks):
         kg, ku, kd = jax.random.split(jax.random.fold_in(key, i), 3)
@@ -53,15 +54,20 @@ def _weights(key, k, n, blocks, fp8: bool):
         w_down = (jax.random.normal(kd, (n, k), jnp.float32) / math.sqrt(n)).astype(jnp.bfloat16)
         gate_up = (jax_swiglu.quantize_weights(w_gate, w_up) if fp8
                    else jax_swiglu.pack_weights(w_gate, w_up))
+        if fp8_down:
+            w_down = jax_swiglu.quantize_down(w_down)
         layers.append((w_gate, w_up, w_down, gate_up))
     return layers
 
 
-def stacks(fp8: bool):
+def stacks(fp8: bool, fp8_down: bool = False):
     """The stacks to time, by name; "xla" is the baseline. With fp8 gate/up weights (the
     down projection in bf16): jax_swiglu's block, whose x is quantized by its own kernel
     before the fused one ("fused"); the same block on x quantized by XLA's fusions
-    ("fused_xla_q"); XLA's fp8 path (its quantization, cuBLASLt's scaled fp8 dot)."""
+    ("fused_xla_q"); XLA's fp8 path (its quantization, cuBLASLt's scaled fp8 dot). With the
+    down projection in fp8 too (``fp8_down``, a QuantizedDown): jax_swiglu's whole fp8 block
+    (``fused_mlp`` quantizes h and runs the decode form's projection where the selection
+    picks it) against XLA's fp8 path for both halves."""
     def fused(h, layers):
         for _, _, w_down, gate_up in layers:
             h = h + jax_swiglu.fused_mlp(h, gate_up, w_down)
@@ -83,6 +89,14 @@ def stacks(fp8: bool):
             h = h + _reference.swiglu_xla_quantized(h, gate_up, accumulation="promoted") @ w_down
         return h
 
+    def xla_fp8_down(h, layers):
+        for _, _, down, gate_up in layers:
+            gated = _reference.swiglu_xla_quantized(h, gate_up, accumulation="promoted")
+            h = h + _reference.down_projection_quantized(gated, down, reduce_dtype=h.dtype)
+        return h
+
+    if fp8_down:
+        return {"fused": jax.jit(fused), "xla": jax.jit(xla_fp8_down)}
     if fp8:
         return {"fused": jax.jit(fused), "fused_xla_q": jax.jit(fused_xla_q),
                 "xla": jax.jit(xla_fp8)}
@@ -135,9 +149,13 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fp8", action="store_true",
                         help="fp8 (e4m3) gate/up weights; the baseline is XLA's fp8 path")
+    parser.add_argument("--fp8-down", action="store_true",
+                        help="with --fp8, the down projection in fp8 too (quantize_down)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    fns = stacks(args.fp8)
+    if args.fp8_down and not args.fp8:
+        parser.error("--fp8-down needs --fp8")
+    fns = stacks(args.fp8, args.fp8_down)
     names = list(fns)
     header = ["model", "M", "blocks"]
     for name in names:
@@ -150,7 +168,7 @@ def main(argv=None) -> int:
     breakdown = []
     for model in args.models:
         k, n = shapes_lib.mlp_shape(model)
-        layers = _weights(jax.random.PRNGKey(0), k, n, args.blocks, args.fp8)
+        layers = _weights(jax.random.PRNGKey(0), k, n, args.blocks, args.fp8, args.fp8_down)
         for m in args.m:
             h = jax.random.normal(jax.random.PRNGKey(m), (m, k), jnp.float32).astype(jnp.bfloat16)
             kernels, _ = bench_swiglu.measure_side_by_side(fns, (h, layers), 20, 2, wall=False)
