@@ -345,13 +345,7 @@ def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
                              f"runs T={problem.m} N={problem.n} K={problem.k} over "
                              f"{problem.experts} experts")
         return Choice(None, "no compiled grouped config runs it", "heuristic")
-    device = _engine.target_device()
-    if device is None:
-        device = _device.Device("unknown", 90, 132, 3.35e12, local=False)
-    data = data or _data.shipped(device.kind) or _data.any_sm90()
-    if data is None:
-        raise RuntimeError("jax_swiglu: no tuning data file is shipped, so the cost model has "
-                           "no constants; reinstall the package")
+    device, data = _engine.device_and_data(data)
     model = _model.Problem(problem.m, problem.n, problem.k)
     # The routing is on the device: weigh a balanced and a skewed one, and take the row whose
     # worse ratio to the best of that routing is least (ties: the faster balanced). Each

@@ -215,16 +215,23 @@ def _cached_reason(record: dict) -> str:
             + (f" ({record['date'][:10]})" if record.get("date") else ""))
 
 
+def device_and_data(data: _data.TuningData | None = None):
+    """(the target GPU, or an H100-like SM90 part when none is known; ``data`` or the tuning
+    data of that GPU's kind, else another SM90 part's): what the cost model prices on."""
+    device = target_device()
+    if device is None:
+        device = Device("unknown", 90, 132, 3.35e12, local=False)
+    data = data or _data.shipped(device.kind) or _data.any_sm90()
+    if data is None:
+        raise RuntimeError("jax_swiglu: no tuning data file is shipped, so the cost model has "
+                           "no constants; reinstall the package")
+    return device, data
+
+
 def decide_projection(m: int, n_out: int, k: int, candidates, element_bytes: int = 1):
     """(launch, reason) of a plain projection ``[m, k] x [k, n_out]`` among gemv
     ``candidates``, or None: the heuristic's pick (_heuristic.projection_gemv) on the target
     GPU with the shipped data's constants; no data measures projections yet."""
-    device = target_device()
-    if device is None:
-        device = Device("unknown", 90, 132, 3.35e12, local=False)
-    data = _data.shipped(device.kind) or _data.any_sm90()
-    if data is None:
-        raise RuntimeError("jax_swiglu: no tuning data file is shipped, so the cost model has "
-                           "no constants; reinstall the package")
+    device, data = device_and_data()
     return _heuristic.projection_gemv(_model.Problem(m, n_out // 2, k, element_bytes),
                                       candidates, device, data.constants)
