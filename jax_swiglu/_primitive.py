@@ -43,14 +43,13 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax._src import dispatch, sharding_impls
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import _launch, _layout, _native, _quantize, _reference, selection
+from . import _launch, _layout, _native, _projection, _quantize, _reference, selection
 
 # What jaxprs hold: the op on global shapes, partitioned by XLA's SPMD partitioner.
 swiglu_p = Primitive("jax_swiglu")
@@ -409,21 +408,26 @@ def _reference_lowering(ctx, *operands, n, weights, launch, activation, out_dtyp
 QUANTIZE_KERNEL = True
 
 
+def quantize_rows_on_cuda(x, weights_dtype):
+    """16-bit x [M, K] quantized per row on CUDA (quantize_tokens' values): (x_q, x_scale),
+    by one kernel with QUANTIZE_KERNEL, else by XLA's fusions."""
+    if not QUANTIZE_KERNEL:
+        return _quantize.quantize_tokens(x, weights_dtype)
+    m, k = x.shape
+    return jax.ffi.ffi_call(_native.quantize_target(x.dtype),
+                            (jax.ShapeDtypeStruct((m, k), weights_dtype),
+                             jax.ShapeDtypeStruct((m,), jnp.float32)))(x)
+
+
 def _quantize_lowering(ctx, x, weights_dtype):
-    """16-bit x [M, K] quantized per row on CUDA (quantize_tokens' values): (x_q, x_scale) and
-    their avals; one kernel with QUANTIZE_KERNEL, else XLA's fusions."""
+    """quantize_rows_on_cuda lowered: (x_q, x_scale) and their avals."""
     m, k = ctx.avals_in[0].shape
     avals = [jax.core.ShapedArray((m, k), weights_dtype),
              jax.core.ShapedArray((m,), jnp.dtype(jnp.float32))]
-    if not QUANTIZE_KERNEL:
-        results = mlir.lower_fun(lambda x: _quantize.quantize_tokens(x, weights_dtype),
-                                 multiple_results=True)(
-            ctx.replace(avals_in=[ctx.avals_in[0]], avals_out=avals), x)
-        return [r[0] if isinstance(r, (list, tuple)) else r for r in results], avals
-    target = _native.quantize_target(ctx.avals_in[0].dtype)
-    results = jax.ffi.ffi_lowering(target)(
+    results = mlir.lower_fun(lambda x: quantize_rows_on_cuda(x, weights_dtype),
+                             multiple_results=True)(
         ctx.replace(avals_in=[ctx.avals_in[0]], avals_out=avals), x)
-    return list(results), avals
+    return [r[0] if isinstance(r, (list, tuple)) else r for r in results], avals
 
 
 def _cuda_lowering(ctx, *operands, n, weights, launch, activation, out_dtype):
@@ -642,9 +646,13 @@ def _down_jitted(**params):
 down_projection_p.def_impl(lambda *operands, **params: _down_jitted(**params)(*operands))
 
 
-def _down_reference(h, data, scales, *, accumulation, reduce_dtype):
-    down = _quantize.QuantizedDown._wrap(data, scales,
+def _down_weights(data, scales) -> _quantize.QuantizedDown:
+    return _quantize.QuantizedDown._wrap(data, scales,
                                          "per_tensor" if scales.ndim == 0 else "per_channel")
+
+
+def _down_reference(h, data, scales, *, accumulation, reduce_dtype):
+    down = _down_weights(data, scales)
     return _reference.down_projection_quantized(h, down, reduce_dtype=jnp.dtype(reduce_dtype),
                                                 accumulation=accumulation)
 
@@ -680,24 +688,12 @@ def _down_cuda_lowering(ctx, h, data, scales, *, accumulation, reduce_dtype):
         return _down_reference_lowering(ctx, h, data, scales, accumulation=accumulation,
                                         reduce_dtype=reduce_dtype)
     launch = choice.launch
-    m, n = h_aval.shape
-    k_out = data_aval.shape[0]
-    out_dtype = jnp.dtype(h_aval.dtype)
 
     def fn(h, data, scales):
-        if QUANTIZE_KERNEL:
-            h_q, h_scale = jax.ffi.ffi_call(
-                _native.quantize_target(h.dtype),
-                (jax.ShapeDtypeStruct((m, n), data.dtype),
-                 jax.ShapeDtypeStruct((m,), jnp.float32)))(h)
-        else:
-            h_q, h_scale = _quantize.quantize_tokens(h, data.dtype)
-        attributes = {name: np.int64(value) for name, value in
-                      dict(config=launch.config, splits=launch.splits,
-                           promotion=launch.promotion_interval).items()}
-        out = jax.ffi.ffi_call(_native.projection_target("e4m3", out_dtype),
-                               jax.ShapeDtypeStruct((m, k_out), out_dtype))(
-            h_q, h_scale, data, jnp.reshape(scales, (-1,)), **attributes)
+        h_q, h_scale = quantize_rows_on_cuda(h, data.dtype)
+        out = _projection.gemv_projection(
+            h_q, _down_weights(data, scales), config=launch.config, splits=launch.splits,
+            x_scale=h_scale, promotion=launch.promotion_interval, out_dtype=h.dtype)
         return out.astype(reduce_dtype)
 
     return mlir.lower_fun(fn, multiple_results=False)(ctx, h, data, scales)
