@@ -603,3 +603,25 @@ def test_the_fp8_down_projection_primitive_batches_and_refuses_gradients(key):
                                       np.asarray(bind(h[i], down.data, down.scales)))
     with pytest.raises(NotImplementedError, match="inference-only"):
         jax.grad(lambda h: bind(h, down.data, down.scales).astype(jnp.float32).sum())(h[0])
+
+
+def test_the_fp8_down_projection_primitive_refuses_bad_operands(key):
+    """A direct bind with operands that do not fit is a clear error when traced."""
+    _, down = _down(key, 96, 64)
+    h = random_x(key, (4, 96))
+    bind = functools.partial(_primitive.down_projection_p.bind, accumulation="promoted",
+                             reduce_dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"h \[M, N\] and data \[K_out, N\]"):
+        jax.jit(bind).trace(h[:, :64], down.data, down.scales)
+    with pytest.raises(TypeError, match="bfloat16 or float16 h"):
+        jax.jit(bind).trace(h.astype(jnp.float32), down.data, down.scales)
+    with pytest.raises(TypeError, match="float8"):
+        jax.jit(bind).trace(h, down.data.astype(jnp.bfloat16), down.scales)
+    with pytest.raises(ValueError, match="scales must be float32"):
+        jax.jit(bind).trace(h, down.data, down.scales[:8])
+    with pytest.raises(TypeError, match="reduce_dtype"):
+        jax.jit(functools.partial(_primitive.down_projection_p.bind, accumulation="promoted",
+                                  reduce_dtype="float16")).trace(h, down.data, down.scales)
+    with pytest.raises(ValueError, match="accumulation must be one of"):
+        jax.jit(functools.partial(_primitive.down_projection_p.bind, accumulation="exact",
+                                  reduce_dtype="bfloat16")).trace(h, down.data, down.scales)
