@@ -3,10 +3,10 @@
 // amax / 2^e <= 448 (e from amax's fp32 bits, clamped to [-126, 127]), inverse = 2^-e (both
 // 1 where amax is 0, infinite or NaN), x_q = e4m3(clamp(x * inverse, -448, 448)) rounded to
 // nearest even. The product is exact, so the cast is the only rounding and XLA's fusions of
-// the same definition get the same bits. Before it, an fp8 call of 16-bit tokens ran that definition as XLA fusions
-// of its own; this is one kernel, launched with PDL (launch.h) like the fused kernels: it
-// waits for the previous kernel before reading x, then lets the next kernel of the stream
-// (the fused e4m3 kernel that reads x_q) start its prologue at once.
+// the same definition get the same bits. One kernel where XLA would run several fusions,
+// launched with PDL (launch.h) like the fused kernels: it waits for the previous kernel
+// before reading x, then lets the next kernel of the stream (the fused e4m3 kernel or the
+// projection that reads x_q) start its prologue at once.
 //
 // One CTA per row: each thread reads 16 bytes (8 values) at a time and keeps them (a row of
 // up to 16384 values is read once), the CTA reduces the row's amax (and whether it holds a
