@@ -871,6 +871,14 @@ NB_MODULE(_kernels, m) {
     d["l2_bytes"] = l2;
     // Peak DRAM bandwidth from the memory clock (double data rate) and the bus width.
     d["dram_bytes_per_s"] = 2.0 * 1e3 * memory_khz * (bus_bits / 8);
+    // Clusters of 2-16 CTAs that fit at once (a size the part cannot hold is left out).
+    nb::dict slots;
+    for (int size = 2; ok && size <= 16; size *= 2) {
+      if (const int clusters = jax_swiglu::ClusterSlots(size); clusters > 0) {
+        slots[nb::int_(size)] = clusters;
+      }
+    }
+    d["cluster_slots"] = slots;
     return d;
   });
 

@@ -177,4 +177,8 @@ inline std::string EnsureSharedMemoryLimit(const void* kernel, int bytes, int de
 // Fills `facts` for the current device; returns an error message or "".
 std::string CurrentDeviceFacts(DeviceFacts* facts);
 
+// Clusters of `cluster_size` CTAs, each filling an SM, that the current GPU holds at once
+// (cluster_slots.cu); 0 where the query fails.
+int ClusterSlots(int cluster_size);
+
 }  // namespace jax_swiglu

@@ -249,11 +249,15 @@ _MAX_SM_COUNT = 144
 
 
 def device_facts() -> dict:
-    """The local CUDA device's SM count, compute capability (90 for SM90), L2 size and peak
-    DRAM bandwidth, as the extension reads them; zeros without a GPU or the extension."""
+    """The local CUDA device's SM count, compute capability (90 for SM90), L2 size, peak
+    DRAM bandwidth and cluster slots (cluster size -> clusters of SM-filling CTAs that fit at
+    once), as the extension reads them; zeros (no slots) without a GPU or the extension."""
     if _kernels is None:
-        return {"sm_count": 0, "compute_capability": 0, "l2_bytes": 0, "dram_bytes_per_s": 0.0}
-    return dict(_kernels.device_facts())
+        return {"sm_count": 0, "compute_capability": 0, "l2_bytes": 0, "dram_bytes_per_s": 0.0,
+                "cluster_slots": {}}
+    facts = dict(_kernels.device_facts())
+    facts.setdefault("cluster_slots", {})  # (an extension built before the query)
+    return facts
 
 
 def workspace_bytes(config: int, dtype: str, *, m: int, n: int, k: int, swizzle: int = 1,

@@ -274,6 +274,31 @@ def test_rounds_count_the_clusters_that_fit_at_once():
     assert _device.device_from_dict(device.as_dict(), local=False) == device
 
 
+class _FakeGpu:
+    device_kind = "NVIDIA H200"
+    compute_capability = "9.0"
+    core_count = 132
+
+
+@pytest.mark.parametrize("reported, expected", [
+    ({2: 64, 4: 28, 8: 14}, {2: 64, 4: 28, 8: 14}),  # what the part says wins over the file
+    ({}, {2: 66, 4: 30, 8: 15, 16: 7}),  # an extension without the query: the H200's file
+])
+def test_the_local_device_takes_the_cluster_slots_the_gpu_reports(monkeypatch, reported,
+                                                                   expected):
+    """The selection's device on a GPU: the cluster slots the extension reads from the part
+    (cudaOccupancyMaxActiveClusters), so a part with no tuning data rounds its clusters by
+    its own GPCs; the shipped data's copy only where the extension reports none."""
+    from jax_swiglu import _native
+    monkeypatch.setattr(_device.jax, "devices", lambda backend=None: [_FakeGpu()])
+    monkeypatch.setattr(_native, "device_facts", lambda: {
+        "sm_count": 132, "compute_capability": 90, "l2_bytes": 50 << 20,
+        "dram_bytes_per_s": 4.8e12, "cluster_slots": reported})
+    device = _device.local_device.__wrapped__()
+    assert device.kind == "NVIDIA H200" and device.sm_count == 132
+    assert device.cluster_slots == expected
+
+
 def test_split_tail_plan_mirrors_the_kernel():
     tail = config(11, schedule="pingpong", tile_m=128, tile_n=128, cluster_m=2,
                   scheduler="split-tail")

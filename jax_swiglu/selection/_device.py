@@ -58,13 +58,15 @@ def local_device() -> Device | None:
                    compute_capability=int(capability) if capability.isdigit()
                    else facts["compute_capability"],
                    sm_count=sm_count, dram_bytes_per_s=float(facts["dram_bytes_per_s"]))
-    # Cluster slots as measured on this part where its tuning data was calibrated.
-    from . import _data  # (a cycle at import time otherwise)
-    data = _data.shipped(found.kind)
-    if data is not None and data.device.get("sm_count") == sm_count:
-        found = dataclasses.replace(
-            found, cluster_slots_measured=_slots(data.device.get("cluster_slots")))
-    return found
+    # Cluster slots as this GPU reports them; without the query, as measured on this part
+    # where its tuning data was calibrated.
+    slots = facts.get("cluster_slots")
+    if not slots:
+        from . import _data  # (a cycle at import time otherwise)
+        data = _data.shipped(found.kind)
+        if data is not None and data.device.get("sm_count") == sm_count:
+            slots = data.device.get("cluster_slots")
+    return dataclasses.replace(found, cluster_slots_measured=_slots(slots))
 
 
 def _slots(measured) -> tuple:

@@ -107,8 +107,8 @@ def tile_grid(config, problem: Problem) -> tuple[int, int]:
 def round_ctas(config, sm_count: int, cluster_slots: dict | None = None) -> int:
     """CTAs of the persistent grid, one round of tiles: whole clusters. A cluster's CTAs run
     in one GPC (a group of SMs), so fewer clusters than sm_count / size may fit at once;
-    ``cluster_slots`` (the device's count per cluster size, measured with
-    benchmarks/research/cluster_slots.cu) says how many, and the kernels' grid is that many
+    ``cluster_slots`` (the device's count per cluster size, as the GPU reports it:
+    ffi/cluster_slots.cu) says how many, and the kernels' grid is that many
     (ffi/kernels/launch_gemm.cuh, MaxActiveClusters). Without it, sm_count / size."""
     cluster = config.cluster_m * config.cluster_n
     slots = (cluster_slots or {}).get(cluster, sm_count // cluster)
