@@ -163,6 +163,12 @@ def merge(document: dict, calibration: dict, *, include_held_out: bool = False) 
         if row.get("xla_us"):
             entry["xla_us"] = round(row["xla_us"], 3)
             entry["cupti_us"] = {k: round(v, 3) for k, v in row.get("cupti_us", {}).items()}
+        elif previous is not None and previous.get("xla_us") and not partial_run:
+            # A run that timed no XLA here keeps the earlier run's XLA time (and its launches
+            # through JAX, the pair the XLA ratio compares), naming that run.
+            entry["xla_us"] = previous["xla_us"]
+            entry["cupti_us"] = previous.get("cupti_us") or {}
+            entry["xla_calibration"] = previous.get("xla_calibration") or previous["calibration"]
         entries[key] = entry
         written += 1
     document["entries"] = [entries[key] for key in sorted(entries)]

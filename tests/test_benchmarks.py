@@ -260,6 +260,29 @@ def test_tuning_data_merges_runs_and_keeps_held_out_rows_out(tmp_path):
     assert "| llama-3-8b | 5 |" in report_md and "| qwen2.5-3b | 1 |" in report_md
 
 
+def test_a_run_that_times_no_xla_keeps_the_entrys_earlier_xla_time(tmp_path):
+    """A full run without XLA timings (calibrate --jax-m with no M) replaces an entry's
+    launches; the XLA time and its launches through JAX stay, naming the run that timed them,
+    so the XLA ratio near that entry does not lose its measurement."""
+    first = _calibration([_cal_row("llama-3-8b", 192, 80.0, 55.0, xla_us=60.0,
+                                   cupti_us={_key(CONFIGS["b"]): 53.0})])
+    second = _calibration([_cal_row("llama-3-8b", 192, 78.0, 52.0)], git="def5678")
+    third = _calibration([_cal_row("llama-3-8b", 192, 77.0, 51.0)], git="0a1b2c3")
+    paths = []
+    for i, calibration in enumerate((first, second, third)):
+        paths.append(tmp_path / f"c{i}.json")
+        paths[-1].write_text(json.dumps(calibration))
+    data = tmp_path / "data.json"
+    tuning_data.main([str(p) for p in paths] + ["--data", str(data)])
+    [entry] = json.loads(data.read_text())["entries"]
+    assert entry["launch_us"] == {_key(CONFIGS["a"]): 77.0, _key(CONFIGS["b"]): 51.0}
+    assert entry["calibration"] == "2026-01-02-0a1b2c3"
+    assert entry["xla_us"] == 60.0 and entry["cupti_us"] == {_key(CONFIGS["b"]): 53.0}
+    assert entry["xla_calibration"] == "2026-01-02-abc1234"  # through two later runs
+    from jax_swiglu.selection import _data
+    assert _data.TuningData(json.loads(data.read_text())).entries[0].xla_us == 60.0
+
+
 def test_a_calibration_of_some_rows_joins_the_entries_it_measured(tmp_path):
     """A --configs run times some rows' launches: merged, they replace those launches' times
     and keep the entry's other launches and its XLA time; where no entry was, they make none

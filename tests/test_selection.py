@@ -162,6 +162,35 @@ def test_the_learned_rule_corrects_the_model_with_the_nearest_measurements(engin
     assert far.source == "heuristic" and "the cost model alone" in far.reason
 
 
+def test_a_shape_measured_at_many_m_speaks_once_on_each_side(engine):
+    """The rule's neighbours come from several shapes: of each measured shape, the point at
+    the query's M, or else the nearest M below and above it. A shape calibrated at many M
+    (the nearest here) would otherwise fill every neighbour, its own tile rounding standing
+    in for every shape's."""
+    rule = _data.LearnedRule.from_dict(MODEL["learned_rule"])
+    log = math.log
+    near = [((log(m), log(9728), log(2560)), f"near {m}") for m in (160, 176, 192, 208, 224)]
+    other = [((log(m), log(14336), log(4096)), f"other {m}") for m in (128, 256)]
+    here = (log(200), log(8192), log(3072))
+    assert sorted(v for _, v in rule.from_each_shape(near + other, here)) == [
+        "near 192", "near 208", "other 128", "other 256"]
+    # At a measured M the shape's point there alone.
+    at_192 = (log(192), log(8192), log(3072))
+    assert sorted(v for _, v in rule.from_each_shape(near + other, at_192)) == [
+        "near 192", "other 128", "other 256"]
+    # Corrections: DECODE runs 0.5x its model on a shape measured at eight M, 2x on one
+    # measured at two; at a shape between them both shapes count alike, not the first more.
+    dense, sparse = (4096, 4096), (8192, 8192)
+
+    def timed(m, n, k, factor):
+        return entry(m, n, k, {DECODE: factor * _model.launch_us(
+            DECODE, 1, _model.Problem(m, n, k), 132, 4.9e12, CONSTANTS)})
+    engine["set_data"]([timed(m, *dense, 0.5) for m in (2, 3, 4, 5, 6, 7, 9, 10)]
+                       + [timed(m, *sparse, 2.0) for m in (7, 9)])
+    factor = engine["data"].correction(DECODE.key, "bfloat16", 8, 5792, 5792)
+    assert factor == pytest.approx(1.0, rel=1e-3), factor  # M = 7 and 9 of each, equally far
+
+
 def test_another_sm_count_is_a_heuristic_on_that_gpu(engine):
     engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
     engine["device"] = _device.Device("NVIDIA H100 PCIe", 90, 114, 2.0e12)

@@ -40,7 +40,10 @@ class LearnedRule:
     file. A problem's distance to a measured one is in log units per dimension, divided by
     that dimension's ``log_scale`` (a factor of 2 in M counts as much as 1.6 in N or K); the
     ``neighbours`` nearest within ``max_distance`` are averaged, weighted by a Gaussian of
-    their distance, and beyond it a candidate has no measurement close enough to correct it."""
+    their distance, and beyond it a candidate has no measurement close enough to correct it.
+    The neighbours come from several shapes (``from_each_shape``): a calibration measures a
+    shape at many M, and without that limit the nearest shape alone would fill them, its
+    own tile rounding standing in for every shape's."""
 
     scale_m: float
     scale_n: float
@@ -58,6 +61,19 @@ class LearnedRule:
         """How far apart two problems' (log m, log n, log k) are."""
         return math.sqrt(sum(((x - y) / scale) ** 2 for scale, x, y in
                              zip((self.scale_m, self.scale_n, self.scale_k), a, b)))
+
+    def from_each_shape(self, points, here) -> list:
+        """(distance to ``here``, value) of the measured ``points`` ((log m, log n, log k),
+        value) that may inform a prediction at ``here``: of each measured shape (N, K), the
+        point at here's M, or else the nearest M below it and the nearest above it."""
+        chosen = {}
+        for (lm, ln, lk), value in points:
+            side = 0 if lm == here[0] else (1 if lm > here[0] else -1)
+            distance = self.distance((lm, ln, lk), here)
+            if (ln, lk, side) not in chosen or distance < chosen[(ln, lk, side)][0]:
+                chosen[(ln, lk, side)] = (distance, value)
+        return [found for (ln, lk, side), found in chosen.items()
+                if side == 0 or (ln, lk, 0) not in chosen]
 
     def nearest_geometric_mean(self, scored) -> float | None:
         """exp of the Gaussian-weighted mean of the logs of the nearest (distance, log) pairs;
@@ -91,6 +107,9 @@ class Entry:
     cupti_us: dict | None = None  # launch id -> the same launch timed through JAX
     # Where launches of one entry come from several runs: launch id -> calibration id.
     launch_calibration: dict | None = None
+    # The run that timed xla_us and cupti_us, where not ``calibration`` (a later run that
+    # did not time XLA replaced the launches and kept them).
+    xla_calibration: str | None = None
 
     @property
     def problem(self) -> _model.Problem:
@@ -186,18 +205,19 @@ class TuningData:
         """exp(weighted mean log(measured / model)) of ``launch`` near (m, n, k), or None when
         no measurement of it is close enough."""
         here = _log_point(m, n, k)
-        return self.rule.nearest_geometric_mean(
-            [(self.rule.distance((lm, ln, lk), here), residual)
+        return self.rule.nearest_geometric_mean(self.rule.from_each_shape(
+            [((lm, ln, lk), residual)
              for point_dtype, lm, ln, lk, residual in self._by_launch.get(launch, ())
-             if point_dtype == dtype])
+             if point_dtype == dtype], here))
 
     def competitive(self, dtype: str, m: int, n: int, k: int, margin: float = 1.15) -> set | None:
         """Launch ids within ``margin`` of the fastest at one of the measured problems nearest
         to (m, n, k): the candidates worth predicting there (a launch never close to the best
         nearby is not trusted to win on an extrapolated correction). None without data near."""
         here = _log_point(m, n, k)
-        near = sorted(((self.rule.distance(_log_point(e.m, e.n, e.k), here), i)
-                       for i, e in enumerate(self.entries) if e.dtype == dtype and e.launch_us))
+        near = sorted(self.rule.from_each_shape(
+            [(_log_point(e.m, e.n, e.k), i)
+             for i, e in enumerate(self.entries) if e.dtype == dtype and e.launch_us], here))
         near = [self.entries[i] for d, i in near[:self.rule.neighbours]
                 if d <= self.rule.max_distance]
         if not near:
