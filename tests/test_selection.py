@@ -2,6 +2,7 @@
 autotune cache, the fp8 rule, and (where the data file ships) that the engine reproduces its
 argmin."""
 
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -573,6 +574,22 @@ def test_gemv_model():
     # More tokens, more FMAs: at M = 8 the FMA issue can bound a small-K call.
     assert (_model.launch_us(GEMV, 4, _model.Problem(8, 11008, 4096), 132, 4.8e12, CONSTANTS)
             >= _model.launch_us(GEMV, 4, _model.Problem(1, 11008, 4096), 132, 4.8e12, CONSTANTS))
+
+
+def test_a_tensor_core_gemv_cta_pulls_less_than_a_cuda_core_sm():
+    """The tensor-core form's CTA streams through a ring of shared-memory stages, which bounds
+    its bytes in flight below what an SM of the CUDA-core form's 16-byte loads reaches: a grid
+    of fewer CTAs than SMs is priced at gemv_tma_sm_bandwidth_factor times an SM's even
+    share of the DRAM, not at the DRAM's rate."""
+    cuda_cores = dataclasses.replace(FEW_TOKENS_GEMV, tile_n=128)
+    tensor_cores = dataclasses.replace(cuda_cores, schedule="tensor-cores", tile_k=64)
+    problem = _model.Problem(1, 4096, 2048)  # 64 CTAs of 128 packed columns on 132 SMs
+    cta_bytes = 2 * 128 * 2048
+    assert CONSTANTS.gemv_tma_sm_bandwidth_factor < CONSTANTS.gemv_sm_bandwidth_factor
+    us = _model.launch_us(tensor_cores, 1, problem, 132, 4.8e12, CONSTANTS)
+    floor_us = 1e6 * cta_bytes / (CONSTANTS.gemv_tma_sm_bandwidth_factor * 4.8e12 / 132)
+    assert us >= floor_us > 1e6 * problem.dram_bytes / 4.8e12
+    assert us > _model.launch_us(cuda_cores, 1, problem, 132, 4.8e12, CONSTANTS)
 
 
 # --- the fp8 rule ------------------------------------------------------------------------------

@@ -49,8 +49,10 @@ class Constants:
     gemv_fma_per_sm_per_s: float
     gemv_issue_per_fma: float
     # How much more than its even share of DRAM bandwidth one SM pulls with the gemv kernel's
-    # 16-byte loads, where few of its CTAs share the machine.
+    # 16-byte loads, where few of its CTAs share the machine; and with the tensor-core form's
+    # TMA stream, whose bytes in flight a CTA's ring of shared-memory stages bounds.
     gemv_sm_bandwidth_factor: float
+    gemv_tma_sm_bandwidth_factor: float
     # What each round of the gemv kernels' CTAs costs beyond its bytes: a CTA starts its
     # stream empty (the first loads' latency) and ends with the cluster's reduction and the
     # store, which the next round's CTAs hide only in part.
@@ -171,12 +173,15 @@ def gemv_us(config, splits: int, problem: Problem, sm_count: int, dram_bytes_per
     round of CTAs (the SMs hold ``gemv_slots`` at once). Every CTA streams the same share of
     the weights, and the stream takes the longer of the DRAM's time for all of them and the
     busiest SM's for its CTAs (ceil(CTAs / SMs) of them, at most gemv_sm_bandwidth_factor
-    times its even share of the bandwidth): a grid of a little more CTAs than SMs waits for
-    the SMs that run two."""
+    times its even share of the bandwidth, gemv_tma_sm_bandwidth_factor for the tensor-core
+    form): a grid of a little more CTAs than SMs waits for the SMs that run two, and a grid
+    of fewer CTAs than SMs cannot reach the DRAM's rate."""
     ctas = _ceil(problem.packed, config.tile_n) * splits
     slots = gemv_slots(config, splits, sm_count, cluster_slots)
     cta_bytes = problem.element_bytes * config.tile_n * _ceil(problem.k, splits)
-    sm_rate = constants.gemv_sm_bandwidth_factor * dram_bytes_per_s / sm_count
+    factor = (constants.gemv_tma_sm_bandwidth_factor if config.schedule == "tensor-cores"
+              else constants.gemv_sm_bandwidth_factor)
+    sm_rate = factor * dram_bytes_per_s / sm_count
     stream_s = max(ctas * cta_bytes / dram_bytes_per_s,
                    _ceil(ctas, sm_count) * cta_bytes / sm_rate)
     stream_s += problem.element_bytes * problem.m * (problem.k + problem.n) / dram_bytes_per_s
