@@ -52,7 +52,10 @@ inline const char* FamilyName(Family f) {
 inline std::string RowName(const KernelConfig& c) {
   return std::string("config ") + std::to_string(c.id) + " (" + FamilyName(c.family) +
          (c.operands == Operands::Fp8E4m3 ? ", e4m3" : "") +
-         (c.accumulation == Accumulation::Fast ? ", fast accumulation" : "") + ")";
+         (c.accumulation == Accumulation::Fast               ? ", fast accumulation"
+          : c.accumulation == Accumulation::PromotedInHalves ? ", promoted in halves"
+                                                             : "") +
+         ")";
 }
 
 // The splits a row may run with on K: the selection's candidates.

@@ -685,7 +685,10 @@ NB_MODULE(_kernels, m) {
       d["id"] = c.id;
       d["family"] = jax_swiglu::FamilyName(c.family);
       d["operands"] = OperandsName(c.operands);
-      d["accumulation"] = c.accumulation == jax_swiglu::Accumulation::Fast ? "fast" : "promoted";
+      d["accumulation"] = c.accumulation == jax_swiglu::Accumulation::Fast ? "fast"
+                          : c.accumulation == jax_swiglu::Accumulation::PromotedInHalves
+                              ? "promoted-in-halves"
+                              : "promoted";
       d["schedule"] = ScheduleName(c.schedule);
       d["m_side"] = c.m_side == jax_swiglu::MmaMSide::Weights ? "weights" : "tokens";
       d["tile_m"] = c.tile_m;

@@ -34,7 +34,11 @@
 //              wgmma, or once after the last k tile for accumulation="fast"). The promoted
 //              e4m3 accumulators take twice the 16-bit kernel's registers, so a math
 //              warpgroup's share of a tile is at most 64 x 192 (a 128 x 256 cooperative tile
-//              and a 128 x 128 pingpong one spill). Fast (e4m3 only):
+//              and a 128 x 128 pingpong one spill). PromotedInHalves (e4m3 only): the same
+//              sums, each math warpgroup's columns in two halves with a temporary each, so
+//              a promotion waits only for its own half's wgmma while the tensor cores work
+//              on the other (mainloop/promotion_in_halves.cuh; CUTLASS's waits for all of
+//              them, and the tensor cores idle through every promotion). Fast (e4m3 only):
 //              CUTLASS's fast-accumulation mainloop, the tensor cores' accumulators hold all of
 //              K and there is no second set, so the 16-bit kernel's tiles fit; the numerics
 //              of any e4m3 row at promotion 0, and only accumulation="fast" calls run them.
@@ -81,7 +85,9 @@
 // The fp8 rows' Optional ones were timed by the fp8 launch probe (benchmarks/results/
 // NVIDIA_H200): a wider cooperative tile (faster where K is deep, slower where it is short)
 // and 64-deep k tiles, whose promotion every 2 wgmma halves the products the tensor cores add
-// at less than fp32 (exact, and slower). The fast-accumulation rows: the pingpong 128 x 192
+// at less than fp32 (exact, and slower). The rows promoting in halves are twins of the
+// default promoted 128 x 192 and 128 x 128 tiles on CUTLASS's loop, Optional until the launch
+// probe has timed them against those. The fast-accumulation rows: the pingpong 128 x 192
 // one, whose epilogue overlaps the other warpgroup's mainloop, and the cooperative 128 x 256
 // one, whose epilogue stalls both warpgroups, compete with the 128 x 128 ones by the work
 // their whole waves compute (selection/_heuristic.py); the pingpong 128 x 128 one measured
@@ -162,7 +168,9 @@
   X(57, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 128, 128, 1, 1, ClusterSplitK, DirectStore, 1, Always) \
   X(58, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 256, 128, 1, 1, ClusterSplitK, DirectStore, 1, Always) \
   X(59, Interleaved, Bits16, Promoted, Cooperative, Weights, 192, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional) \
-  X(60, Interleaved, Bits16, Promoted, Cooperative, Weights, 224, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional)
+  X(60, Interleaved, Bits16, Promoted, Cooperative, Weights, 224, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional) \
+  X(61, Interleaved, Fp8E4m3, PromotedInHalves, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
+  X(62, Interleaved, Fp8E4m3, PromotedInHalves, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
@@ -195,7 +203,7 @@ inline constexpr int kActivationCount = 0 JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_COUN
 
 enum class Family { Interleaved, GateThenUp, Gemv };
 enum class Operands { Bits16, Fp8E4m3 };
-enum class Accumulation { Promoted, Fast };
+enum class Accumulation { Promoted, PromotedInHalves, Fast };
 enum class Schedule { Cooperative, Pingpong, CudaCores, TensorCores };
 enum class MmaMSide { Tokens, Weights };
 enum class TileScheduler { Persistent, StreamK, SplitTail, ClusterSplitK, Grouped };
@@ -265,6 +273,15 @@ constexpr bool IsValidRow(const KernelConfig& c) {
   if (c.accumulation == Accumulation::Fast &&
       (c.operands != Operands::Fp8E4m3 || c.family != Family::Interleaved ||
        c.scheduler == TileScheduler::Grouped)) {
+    return false;
+  }
+  // Promotion in halves (mainloop/promotion_in_halves.cuh) replaces CUTLASS's fp8 math loop
+  // of the dense interleaved kernel, for a warpgroup's share of one 64-row wgmma.
+  if (c.accumulation == Accumulation::PromotedInHalves &&
+      (c.operands != Operands::Fp8E4m3 || c.family != Family::Interleaved ||
+       c.scheduler == TileScheduler::Grouped ||
+       (c.m_side == MmaMSide::Tokens ? c.tile_m : c.tile_n) !=
+           (c.schedule == Schedule::Cooperative ? 128 : 64))) {
     return false;
   }
   // CudaCores, TensorCores and ClusterSplitK are the gemv kernels' alone.

@@ -61,7 +61,9 @@ class KernelConfig:
     m_side: str = "tokens"
     operands: str = "16bit"  # or "e4m3" (OPERANDS)
     # "promoted" (fp32 sums; an e4m3 row promotes the tensor cores' sums every `promotion`
-    # wgmma) or "fast" (e4m3: CUTLASS's fast-accumulation mainloop, accumulation="fast" only)
+    # wgmma), "promoted-in-halves" (e4m3: the same sums, each half of a warpgroup's columns
+    # promoted while the tensor cores add the other's) or "fast" (e4m3: CUTLASS's
+    # fast-accumulation mainloop, accumulation="fast" only)
     accumulation: str = "promoted"
     optional: bool = False  # compiled only with JAX_SWIGLU_ALL_CONFIGS
     compiled: bool = True
@@ -80,6 +82,7 @@ class KernelConfig:
 
     def describe(self) -> str:
         fp8 = ("e4m3 fast accumulation, " if self.fast_accumulation else
+               "e4m3 promoted in halves, " if self.accumulation == "promoted-in-halves" else
                "e4m3, " if self.operands == "e4m3" else "")
         if self.is_gemv:
             cores = "tensor cores (TMA, wgmma)" if self.schedule == "tensor-cores" else "CUDA cores"
@@ -138,6 +141,8 @@ def config_key(family, operands, schedule, m_side, tile_m, tile_n, tile_k, clust
     kernel = family if operands == "16bit" else f"{family}/{operands}"
     if accumulation == "fast":
         kernel += "-fast"
+    elif accumulation == "promoted-in-halves":
+        kernel += "-halves"
     return (f"{kernel}/{schedule}/{m_side}/{tile_m}x{tile_n}x{tile_k}/{cluster_m}x{cluster_n}/"
             f"{scheduler}/{store}" + (f"/bands{m_bands}" if m_bands > 1 else ""))
 

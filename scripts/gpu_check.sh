@@ -63,6 +63,10 @@ else
   echo "built in $(( $(date +%s) - start )) s; ptxas per kernel (registers, spills):" >> "$SUMMARY"
   grep -E "spill stores|Used [0-9]+ registers" "$WORK/build.log" | sort | uniq -c \
     >> "$SUMMARY"
+  # ptxas serializing a kernel's wgmma (C7514/C7515: docs/design.md, FP8 weights) leaves
+  # its tensor cores one instruction at a time.
+  echo "kernels whose wgmma ptxas serialized: $(grep -cE "\(C751[45]\)" "$WORK/build.log")" \
+    >> "$SUMMARY"
 fi
 if [ "${SAVE_SO:-0}" = 1 ]; then
   # gzipped: the extension of every config passes the 16 MiB a returned file may have.

@@ -469,6 +469,34 @@ def test_a_fast_accumulation_row_runs_only_fast_calls():
     assert problem("fast").data_dtype != problem("promoted").data_dtype  # own autotune entries
 
 
+@requires_kernels
+def test_a_row_promoting_in_halves_runs_promoted_and_fast_calls_as_its_twin():
+    """A row whose math loop promotes each half of a warpgroup's columns while the tensor cores
+    add the other (mainloop/promotion_in_halves.cuh) is an e4m3 tokens-side tile of one
+    64-row wgmma a warpgroup, named apart from its twin on CUTLASS's loop (the same tile), and
+    takes the calls and promotion intervals the twin takes (an Optional row: in builds with
+    every config)."""
+    table = jax_swiglu.kernel_configs().values()
+    halves = [row for row in table if row.accumulation == "promoted-in-halves"]
+    assert halves or not any(row.optional for row in table)  # an every-config build has them
+    for row in halves:
+        assert row.operands == "e4m3" and row.family == "interleaved" and not row.grouped
+        assert row.tile_m == (128 if row.schedule == "cooperative" else 64)
+        assert not row.fast_accumulation and "promoted in halves" in row.describe()
+        [twin] = [other for other in table if other.accumulation == "promoted"
+                  and dataclasses.replace(other, id=row.id, accumulation=row.accumulation,
+                                          optional=row.optional) == row]
+        assert twin.key != row.key and twin.key in row.key.replace("-halves", "")
+        for launch, accumulation, promotion in ((f"{row.id}", "promoted", 4),
+                                                (f"{row.id},promotion=8", "promoted", 8),
+                                                (f"{row.id}", "fast", 0)):
+            hlo = _fp8_hlo(launch, accumulation=accumulation)
+            assert re.search(rf"config = {row.id} : i64", hlo)
+            assert re.search(rf"promotion = {promotion} : i64", hlo)
+        with pytest.raises(ValueError, match="promotes after whole k tiles of 4 wgmma"):
+            _fp8_hlo(f"{row.id},promotion=2")
+
+
 # --- the down projection in fp8 (the whole block) ----------------------------------------
 
 def _down(key, n, k_out, scale="per_channel"):

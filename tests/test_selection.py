@@ -606,7 +606,7 @@ def _fp8_rows(accumulation="promoted"):
 def _fp8_row(accumulation="promoted", **fields):
     """The one row every build compiles of ``accumulation`` with ``fields``."""
     [row] = [row for row in _fp8_rows(accumulation) if not row.optional
-             and row.accumulation == accumulation
+             and row.fast_accumulation == (accumulation == "fast")
              and all(getattr(row, k) == v for k, v in fields.items())]
     return row
 

@@ -2,7 +2,8 @@
 //
 // One CUTLASS SM90 TMA warp-specialized GEMM assembled from parts: the CollectiveBuilder's
 // TMA + wgmma mainloop (for e4m3 operands CUTLASS's fp8 mainloop, which promotes the tensor
-// cores' accumulators into fp32 ones, or on a fast-accumulation row the plain one), one of our
+// cores' accumulators into fp32 ones, with its math loop replaced on a row promoting in halves,
+// or on a fast-accumulation row the plain one), one of our
 // SwiGLU epilogues, and a tile scheduler. A
 // row of the config table (kernel_configs.h) picks the parts; one assembly serves 16-bit and
 // e4m3 operands, each in two forms:
@@ -44,6 +45,7 @@
 #include "epilogue/tma_store.cuh"
 #include "launch_gemm.cuh"
 #include "mainloop/edge_tiles.cuh"
+#include "mainloop/promotion_in_halves.cuh"
 #include "schedulers/expert_groups.cuh"
 #include "schedulers/m_bands.cuh"
 #include "schedulers/split_tail.cuh"
@@ -63,6 +65,10 @@ template <>
 struct KernelScheduleFor<Schedule::Pingpong, Accumulation::Promoted> {
   using type = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 };
+// (Promotion in halves replaces the promoted mainloop's math: InterleavedAssembly.)
+template <Schedule S>
+struct KernelScheduleFor<S, Accumulation::PromotedInHalves>
+    : KernelScheduleFor<S, Accumulation::Promoted> {};
 template <>
 struct KernelScheduleFor<Schedule::Cooperative, Accumulation::Fast> {
   using type = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
@@ -175,9 +181,12 @@ struct InterleavedAssembly {
   // CUTLASS's cluster is (M, N) of its tile: swap-AB's packed columns first.
   static constexpr int kClusterM = kSwapAb ? kConfig.cluster_n : kConfig.cluster_m;
   static constexpr int kClusterN = kSwapAb ? kConfig.cluster_m : kConfig.cluster_n;
-  using Built = CollectiveMainloopFor<Element, TileShape, LayoutA, LayoutB, kClusterM, kClusterN,
-                                      kConfig.schedule, kConfig.accumulation,
-                                      Epilogue::kSharedBytes>;
+  using Builders = CollectiveMainloopFor<Element, TileShape, LayoutA, LayoutB, kClusterM,
+                                         kClusterN, kConfig.schedule, kConfig.accumulation,
+                                         Epilogue::kSharedBytes>;
+  // CUTLASS's loads, with the math loop of promotion in halves where the row asks for it.
+  using Built = cute::conditional_t<kConfig.accumulation == Accumulation::PromotedInHalves,
+                                    PromotionInHalvesMainloop<Builders>, Builders>;
   // Tokens on M with the direct store: edge tiles' x loads are kept inside x (edge_tiles.cuh).
   static constexpr bool kShiftedRows = !kSwapAb && Store::kShiftedRows;
   using EdgeMainloop = cute::conditional_t<
