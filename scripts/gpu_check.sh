@@ -3,8 +3,9 @@
 #   1. installs what the machine lacks from wheels carried in .whl/ (nvidia-cutlass for the
 #      CUTLASS headers; tokamax and its pure-Python dependencies for the peer benchmark;
 #      scripts/fetch_wheels.sh downloads them; carry .whl, or the build finds no CUTLASS),
-#   2. builds jax_swiglu with every kernel config (JAX_SWIGLU_ALL_CONFIGS=ON) against this
-#      machine's own jaxlib, printing ptxas's register/spill report; PREBUILT=1 instead uses
+#   2. builds jax_swiglu with every kernel config (JAX_SWIGLU_ALL_CONFIGS=ON; ALL_CONFIGS=0:
+#      the default build's) against this machine's own jaxlib, printing ptxas's register/spill
+#      report and how many kernels had their wgmma serialized; PREBUILT=1 instead uses
 #      the jax_swiglu/_kernels*.so already in the tree (carried from an earlier build),
 #   3. the GPU tests (tests/kernels, the kernel suite, and tests/gpu; PYTEST_ARGS overrides,
 #      TESTS=0 skips; TEST_TIMEOUT bounds),
@@ -52,7 +53,7 @@ if [ "${PREBUILT:-0}" = 1 ] && compgen -G "jax_swiglu/_kernels*.so" > /dev/null;
 else
   echo "== build" | tee -a "$SUMMARY"
   start=$(date +%s)
-  if ! JAX_SWIGLU_ALL_CONFIGS=1 "$PY" -m pip install -v --no-index --no-deps --no-build-isolation \
+  if ! JAX_SWIGLU_ALL_CONFIGS=${ALL_CONFIGS:-1} "$PY" -m pip install -v --no-index --no-deps --no-build-isolation \
       -C cmake.define.JAX_SWIGLU_PTXAS_VERBOSE=ON . > "$WORK/build.log" 2>&1; then
     echo "BUILD FAILED (see build.log)" | tee -a "$SUMMARY"
     grep -E "error|Error" "$WORK/build.log" | head -20 | tee -a "$SUMMARY"
