@@ -161,8 +161,7 @@ def _waves_cost(config, m: int, n: int, k: int, sm_count: int, constants: dict,
     """The rule's cost of a persistent row: its padded whole-wave work, times (K + what its
     epilogue adds) / K (cooperative_epilogue_k on the cooperative schedule, swap_ab_epilogue_k
     more for a swap-AB tile) and, for a promoted call, (N + promotion_drain_n) / N of its
-    wgmma's N side (the tile's packed columns, or a swap-AB tile's tokens) unless the row
-    promotes in halves (the tensor cores then work through each promotion)."""
+    wgmma's N side (the tile's packed columns, or a swap-AB tile's tokens)."""
     work = _padded_work(config, m, n, sm_count)
     epilogue_k = 0
     if config.schedule == "cooperative":
@@ -171,7 +170,7 @@ def _waves_cost(config, m: int, n: int, k: int, sm_count: int, constants: dict,
     if swap_ab:
         epilogue_k += constants["swap_ab_epilogue_k"]
     work *= 1 + epilogue_k / k
-    if promoted and config.accumulation != "promoted-in-halves":
+    if promoted:
         work *= 1 + constants["promotion_drain_n"] / (config.tile_m if swap_ab else config.tile_n)
     return work
 
