@@ -85,9 +85,9 @@
 // The fp8 rows' Optional ones were timed by the fp8 launch probe (benchmarks/results/
 // NVIDIA_H200): a wider cooperative tile (faster where K is deep, slower where it is short)
 // and 64-deep k tiles, whose promotion every 2 wgmma halves the products the tensor cores add
-// at less than fp32 (exact, and slower). The rows promoting in halves are twins of the
-// default promoted 128 x 192 and 128 x 128 tiles on CUTLASS's loop, Optional until the launch
-// probe has timed them against those. The fast-accumulation rows: the pingpong 128 x 192
+// at less than fp32 (exact, and slower). The default promoted 128 x 192 and 128 x 128 tiles
+// promote in halves; their twins on CUTLASS's loop (the same tiles, every promotion draining
+// the tensor cores) stay Optional, timed against them by the launch probe. The fast-accumulation rows: the pingpong 128 x 192
 // one, whose epilogue overlaps the other warpgroup's mainloop, and the cooperative 128 x 256
 // one, whose epilogue stalls both warpgroups, compete with the 128 x 128 ones by the work
 // their whole waves compute (selection/_heuristic.py); the pingpong 128 x 128 one measured
@@ -135,11 +135,11 @@
   X(24, Gemv, Bits16, Promoted, CudaCores, Weights, 2, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
   X(25, Gemv, Bits16, Promoted, CudaCores, Weights, 4, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
   X(26, Gemv, Bits16, Promoted, CudaCores, Weights, 8, 256, 8, 1, 1, ClusterSplitK, DirectStore, 1, Always)          \
-  X(27, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Always) \
+  X(27, Interleaved, Fp8E4m3, PromotedInHalves, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Always) \
   X(28, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
   X(29, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 16, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
   X(30, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 64, 128, 128, 1, 1, StreamK, DirectStore, 1, Always)   \
-  X(31, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Always)   \
+  X(31, Interleaved, Fp8E4m3, PromotedInHalves, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Always)   \
   X(32, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 64, 2, 1, Persistent, DirectStore, 1, Optional) \
   X(33, Interleaved, Bits16, Promoted, Cooperative, Tokens, 128, 256, 64, 1, 1, Grouped, DirectStore, 1, Always)     \
   X(34, Interleaved, Bits16, Promoted, Pingpong, Tokens, 64, 128, 64, 1, 1, Grouped, DirectStore, 1, Always)      \
@@ -169,8 +169,8 @@
   X(58, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 256, 128, 1, 1, ClusterSplitK, DirectStore, 1, Always) \
   X(59, Interleaved, Bits16, Promoted, Cooperative, Weights, 192, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional) \
   X(60, Interleaved, Bits16, Promoted, Cooperative, Weights, 224, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional) \
-  X(61, Interleaved, Fp8E4m3, PromotedInHalves, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
-  X(62, Interleaved, Fp8E4m3, PromotedInHalves, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional)
+  X(61, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
+  X(62, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);

@@ -473,20 +473,24 @@ def test_a_fast_accumulation_row_runs_only_fast_calls():
 def test_a_row_promoting_in_halves_runs_promoted_and_fast_calls_as_its_twin():
     """A row whose math loop promotes each half of a warpgroup's columns while the tensor cores
     add the other (mainloop/promotion_in_halves.cuh) is an e4m3 tokens-side tile of one
-    64-row wgmma a warpgroup, named apart from its twin on CUTLASS's loop (the same tile), and
-    takes the calls and promotion intervals the twin takes (an Optional row: in builds with
-    every config)."""
+    64-row wgmma a warpgroup, named apart from its twin on CUTLASS's loop (the same tile, an
+    Optional row: in builds with every config), and takes the calls and promotion intervals
+    the twin takes. The default promoted 128 x 128 and 128 x 192 tiles are such rows."""
     table = jax_swiglu.kernel_configs().values()
     halves = [row for row in table if row.accumulation == "promoted-in-halves"]
-    assert halves or not any(row.optional for row in table)  # an every-config build has them
+    every_config = any(row.optional for row in table)
+    assert {(row.tile_m, row.tile_n) for row in halves if not row.optional} >= {
+        (128, 128), (128, 192)}
     for row in halves:
         assert row.operands == "e4m3" and row.family == "interleaved" and not row.grouped
         assert row.tile_m == (128 if row.schedule == "cooperative" else 64)
         assert not row.fast_accumulation and "promoted in halves" in row.describe()
-        [twin] = [other for other in table if other.accumulation == "promoted"
-                  and dataclasses.replace(other, id=row.id, accumulation=row.accumulation,
-                                          optional=row.optional) == row]
-        assert twin.key != row.key and twin.key in row.key.replace("-halves", "")
+        twins = [other for other in table if other.accumulation == "promoted"
+                 and dataclasses.replace(other, id=row.id, accumulation=row.accumulation,
+                                         optional=row.optional) == row]
+        assert len(twins) == 1 if every_config else len(twins) <= 1
+        for twin in twins:
+            assert twin.key != row.key and twin.key == row.key.replace("-halves", "")
         for launch, accumulation, promotion in ((f"{row.id}", "promoted", 4),
                                                 (f"{row.id},promotion=8", "promoted", 8),
                                                 (f"{row.id}", "fast", 0)):

@@ -3,6 +3,7 @@ autotune cache, the fp8 rule, and (where the data file ships) that the engine re
 argmin."""
 
 import dataclasses
+import functools
 import json
 import math
 import multiprocessing
@@ -689,18 +690,29 @@ def test_fp8_decode_streams_through_the_gemv():
 
 @requires_kernels
 def test_fp8_promoted_rule_weighs_the_promotion_drain():
-    """Each promotion drains the tensor cores for as long as promotion_drain_n more packed
-    columns of the tile would take: where the whole waves of 128 x 192 and 128 x 128 tiles
-    compute alike, a promoted call takes the wider tile, a call without promotions the
-    narrower (K = 4096, N = 14336, M = 2048)."""
+    """Each promotion drains the tensor cores for as long as some more packed columns of the
+    tile would take (the default tiles promote in halves: their measured columns per tile
+    width): where the whole waves of 128 x 192 and 128 x 128 tiles compute alike, a promoted
+    call takes the wider tile, a call without promotions the narrower (K = 4096, N = 14336,
+    M = 2048). On CUTLASS's loop the drain is promotion_drain_n columns whatever the width."""
     rows = _fp8_rows()
     narrow = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
     wide = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=192)
-    rule = lambda promoted: _heuristic.waves_rule(  # noqa: E731
+    assert narrow.accumulation == wide.accumulation == "promoted-in-halves"
+    rule = lambda rows, promoted=True: _heuristic.waves_rule(  # noqa: E731
         2048, 14336, 4096, 132, rows, FP8_RULE, promoted=promoted)[0]
     # 16 x 224 tiles of 128 x 128 are 28 waves, 16 x 150 of 128 x 192 19: 1.8 % more work
-    # in the wider tile's waves, against a drain of 17 / 128 = 13 % and 17 / 192 = 9 %.
-    assert rule(True) == wide and rule(False) == narrow
+    # in the wider tile's waves, against drains of 11 / 128 = 9 % and 4 / 192 = 2 %.
+    assert rule(rows) == wide and rule(rows, promoted=False) == narrow
+    # On CUTLASS's loop (17 / 128 = 13 % against 17 / 192 = 9 %) the wider tile still wins.
+    cutlass = [dataclasses.replace(row, accumulation="promoted")
+               if row.accumulation == "promoted-in-halves" else row for row in rows]
+    assert rule(cutlass).id == wide.id and rule(cutlass, promoted=False).id == narrow.id
+    halves = functools.partial(_heuristic._promotion_drain_n, narrow, constants=FP8_RULE)
+    assert halves(width=128) == 11 and halves(width=192) == 4 and halves(width=160) == 4
+    assert halves(width=64) == 11 and _heuristic._promotion_drain_n(
+        dataclasses.replace(narrow, accumulation="promoted"), 128,
+        FP8_RULE) == FP8_RULE["promotion_drain_n"]
 
 
 @requires_kernels

@@ -20,7 +20,9 @@
   memory ``swap_ab_epilogue_k`` more; under promoted accumulation each promotion drains the
   tensor cores (it waits for every wgmma in flight) for as long as ``promotion_drain_n`` more
   columns of a wgmma would take, so a wider wgmma hides it better (fast accumulation promotes
-  once, after the last k tile). A tie goes to the larger tile (fewer operand bytes per
+  once, after the last k tile). A row promoting in halves hides most of it behind the other
+  half's wgmma; what it still costs, ``promotion_in_halves_drain_n`` columns, was measured per
+  tile width (the nearest measured width stands for another). A tie goes to the larger tile (fewer operand bytes per
   product). A ragged last wave of the cooperative tokens-side tile (less than
   ``full_last_wave`` of the SMs busy in a call of at most ``many_waves`` waves) is spread over
   every SM by stream-K instead (whether that spread also pays against the pingpong or the
@@ -160,7 +162,7 @@ def _waves_cost(config, m: int, n: int, k: int, sm_count: int, constants: dict,
                 promoted: bool) -> float:
     """The rule's cost of a persistent row: its padded whole-wave work, times (K + what its
     epilogue adds) / K (cooperative_epilogue_k on the cooperative schedule, swap_ab_epilogue_k
-    more for a swap-AB tile) and, for a promoted call, (N + promotion_drain_n) / N of its
+    more for a swap-AB tile) and, for a promoted call, (N + the drain's columns) / N of its
     wgmma's N side (the tile's packed columns, or a swap-AB tile's tokens)."""
     work = _padded_work(config, m, n, sm_count)
     epilogue_k = 0
@@ -171,8 +173,19 @@ def _waves_cost(config, m: int, n: int, k: int, sm_count: int, constants: dict,
         epilogue_k += constants["swap_ab_epilogue_k"]
     work *= 1 + epilogue_k / k
     if promoted:
-        work *= 1 + constants["promotion_drain_n"] / (config.tile_m if swap_ab else config.tile_n)
+        width = config.tile_m if swap_ab else config.tile_n
+        work *= 1 + _promotion_drain_n(config, width, constants) / width
     return work
+
+
+def _promotion_drain_n(config, width: int, constants: dict) -> float:
+    """The columns of wgmma a promotion's drain costs a tile ``width`` wide: CUTLASS's loop's
+    ``promotion_drain_n``, or a row promoting in halves its measured width's value."""
+    if config.accumulation != "promoted-in-halves":
+        return constants["promotion_drain_n"]
+    by_width = constants["promotion_in_halves_drain_n"]
+    nearest = min(by_width, key=lambda measured: abs(math.log(int(measured) / width)))
+    return by_width[nearest]
 
 
 def waves_rule(m: int, n: int, k: int, sm_count: int, candidates, constants: dict,
