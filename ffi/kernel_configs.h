@@ -87,7 +87,9 @@
 // and 64-deep k tiles, whose promotion every 2 wgmma halves the products the tensor cores add
 // at less than fp32 (exact, and slower). The default promoted 128 x 192 and 128 x 128 tiles
 // promote in halves; their twins on CUTLASS's loop (the same tiles, every promotion draining
-// the tensor cores) stay Optional, timed against them by the launch probe. The fast-accumulation rows: the pingpong 128 x 192
+// the tensor cores) stay Optional, timed against them by the launch probe. The stream-K
+// 128 x 128 tile and the 160-token swap-AB tile have twins promoting in halves, Optional
+// until that probe has timed them. The fast-accumulation rows: the pingpong 128 x 192
 // one, whose epilogue overlaps the other warpgroup's mainloop, and the cooperative 128 x 256
 // one, whose epilogue stalls both warpgroups, compete with the 128 x 128 ones by the work
 // their whole waves compute (selection/_heuristic.py); the pingpong 128 x 128 one measured
@@ -170,7 +172,9 @@
   X(59, Interleaved, Bits16, Promoted, Cooperative, Weights, 192, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional) \
   X(60, Interleaved, Bits16, Promoted, Cooperative, Weights, 224, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional) \
   X(61, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
-  X(62, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional)
+  X(62, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
+  X(63, Interleaved, Fp8E4m3, PromotedInHalves, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Optional) \
+  X(64, Interleaved, Fp8E4m3, PromotedInHalves, Cooperative, Weights, 160, 128, 128, 1, 2, Persistent, DirectStore, 1, Optional)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);

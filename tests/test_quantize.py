@@ -472,10 +472,11 @@ def test_a_fast_accumulation_row_runs_only_fast_calls():
 @requires_kernels
 def test_a_row_promoting_in_halves_runs_promoted_and_fast_calls_as_its_twin():
     """A row whose math loop promotes each half of a warpgroup's columns while the tensor cores
-    add the other (mainloop/promotion_in_halves.cuh) is an e4m3 tokens-side tile of one
-    64-row wgmma a warpgroup, named apart from its twin on CUTLASS's loop (the same tile, an
-    Optional row: in builds with every config), and takes the calls and promotion intervals
-    the twin takes. The default promoted 128 x 128 and 128 x 192 tiles are such rows."""
+    add the other (mainloop/promotion_in_halves.cuh) is an e4m3 tile of one
+    64-row wgmma a warpgroup (of tokens, or of packed columns on a swap-AB tile), named apart
+    from its twin on CUTLASS's loop (the same tile, in builds with every config), and takes
+    the calls and promotion intervals the twin takes. The default promoted 128 x 128 and
+    128 x 192 tiles are such rows."""
     table = jax_swiglu.kernel_configs().values()
     halves = [row for row in table if row.accumulation == "promoted-in-halves"]
     every_config = any(row.optional for row in table)
@@ -483,7 +484,8 @@ def test_a_row_promoting_in_halves_runs_promoted_and_fast_calls_as_its_twin():
         (128, 128), (128, 192)}
     for row in halves:
         assert row.operands == "e4m3" and row.family == "interleaved" and not row.grouped
-        assert row.tile_m == (128 if row.schedule == "cooperative" else 64)
+        wgmma_m_side = row.tile_n if row.m_side == "weights" else row.tile_m
+        assert wgmma_m_side == (128 if row.schedule == "cooperative" else 64)
         assert not row.fast_accumulation and "promoted in halves" in row.describe()
         twins = [other for other in table if other.accumulation == "promoted"
                  and dataclasses.replace(other, id=row.id, accumulation=row.accumulation,
