@@ -720,8 +720,8 @@ def test_fp8_rule_runs_160_token_swap_ab_tiles_where_128_row_tiles_pad():
     """A few hundred tokens: 128-row tiles rounded up to their 2x1 cluster pad 300 tokens to
     512 rows, 160-token swap-AB tiles to 320, which outweighs their epilogue's pairing through
     shared memory (swap_ab_epilogue_k); where 128-row tiles fit M (256) or the waves are many
-    (2048) the tokens-side tiles stay. A swap-AB pick stays persistent where a tokens-side
-    tile's ragged last wave would be spread by stream-K (N = K = 4096)."""
+    (2048) the tokens-side tiles stay (N = K = 4096). A swap-AB pick stays persistent where a
+    tokens-side tile's ragged last wave would be spread by stream-K."""
     swap160 = _fp8_row(m_side="weights", tile_m=160)
     assert (swap160.scheduler, swap160.schedule, swap160.cluster_n) == (
         "persistent", "cooperative", 2)
@@ -731,11 +731,10 @@ def test_fp8_rule_runs_160_token_swap_ab_tiles_where_128_row_tiles_pad():
             m, 4096, 4096, sms, rows, FP8_RULE, promoted=accumulation == "promoted")[0]
         assert rule(300) == swap160 and rule(320) == swap160
         assert rule(256) != swap160 and rule(2048) != swap160
-    # 114 SMs, 384 tokens: 3 x 64 swap-AB tiles are 1.68 waves, persistent.
-    promoted = lambda m, sms: _heuristic.waves_rule(  # noqa: E731
-        m, 4096, 4096, sms, _fp8_rows(), FP8_RULE)
-    config, reason = promoted(384, 114)
-    assert config == swap160 and reason.endswith(": persistent") and "swap-AB" in reason
+    # 128 tokens, N = 14336: 1 x 224 swap-AB tiles are 1.70 waves on 132 SMs, the last 70 %
+    # full, and stay persistent.
+    config, reason = _heuristic.waves_rule(128, 14336, 4096, 132, _fp8_rows(), FP8_RULE)
+    assert config == swap160 and reason.endswith("1.70 waves on 132 SMs: persistent")
 
 
 @requires_kernels
