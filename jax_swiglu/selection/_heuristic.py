@@ -22,12 +22,12 @@
   columns of a wgmma would take, so a wider wgmma hides it better (fast accumulation promotes
   once, after the last k tile). A row promoting in halves hides most of it behind the other
   half's wgmma; what it still costs, ``promotion_in_halves_drain_n`` columns, was measured per
-  tile width (the nearest measured width stands for another). A tie goes to the larger tile (fewer operand bytes per
-  product). A ragged last wave of the cooperative tokens-side tile (less than
-  ``full_last_wave`` of the SMs busy in a call of at most ``many_waves`` waves) is spread over
-  every SM by stream-K instead (whether that spread also pays against the pingpong or the
-  swap-AB tile is not measured yet: those picks stay persistent). The rule picks among the
-  rows every build compiles; the Optional ones run when forced or autotuned.
+  tile width (the nearest measured width stands for another). A tie goes to the larger tile
+  (fewer operand bytes per product). A ragged last wave of the cooperative tokens-side tile
+  (less than ``full_last_wave`` of the SMs busy in a call of at most ``many_waves`` waves) is
+  spread over every SM by stream-K instead (whether that spread also pays against the
+  pingpong or the swap-AB tile is not measured yet: those picks stay persistent). The rule
+  picks among the rows every build compiles; the Optional ones run when forced or autotuned.
 
 The constants of both come from a tuning data file (``model``): this GPU's, or another SM90
 part's.
