@@ -38,7 +38,6 @@ struct PromotionInHalvesMainloop : Base {
   using typename Base::TensorStorage;
   using typename Base::TileShape;
   using typename Base::TiledMma;
-  static constexpr int Stages = Base::DispatchPolicy::Stages;
 
   static constexpr int kWarpGroups = cute::size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
   static constexpr int kTileM = cute::size<0>(TileShape{});
