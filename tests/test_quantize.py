@@ -476,12 +476,12 @@ def test_a_row_promoting_in_halves_runs_promoted_and_fast_calls_as_its_twin():
     64-row wgmma a warpgroup (of tokens, or of packed columns on a swap-AB tile), named apart
     from its twin on CUTLASS's loop (the same tile, in builds with every config), and takes
     the calls and promotion intervals the twin takes. The default promoted 128 x 128 and
-    128 x 192 tiles are such rows."""
+    128 x 192 tiles and the 160-token swap-AB tile are such rows."""
     table = jax_swiglu.kernel_configs().values()
     halves = [row for row in table if row.accumulation == "promoted-in-halves"]
     every_config = any(row.optional for row in table)
-    assert {(row.tile_m, row.tile_n) for row in halves if not row.optional} >= {
-        (128, 128), (128, 192)}
+    assert {(row.tile_m, row.tile_n, row.m_side) for row in halves if not row.optional} >= {
+        (128, 128, "tokens"), (128, 192, "tokens"), (160, 128, "weights")}
     for row in halves:
         assert row.operands == "e4m3" and row.family == "interleaved" and not row.grouped
         wgmma_m_side = row.tile_n if row.m_side == "weights" else row.tile_m
