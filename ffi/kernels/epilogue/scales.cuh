@@ -6,6 +6,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 
+#include <cstdint>
+
 #include "../mainloop/edge_tiles.cuh"
 #include "scale_params.cuh"
 
@@ -26,6 +28,13 @@ struct NoScales {
 // block), so each scale is loaded once, from a clamped index (no branch per load), and the
 // scale pointers are read from the kernel parameters once: read per accumulator, behind a
 // branch each, they cost an indexed constant load and two global loads per accumulator.
+// The cooperative epilogue runs while the tensor cores wait and is bound by the instructions
+// it issues: where the tile's columns all lie inside the packed width with a scale each (the
+// common case, decided once per tile), a thread's two adjacent columns of each 8-column block
+// take one 8-byte load at a fixed offset from one address, instead of an index, a clamp, a
+// select and a load per column. Only where a warpgroup's share is one 64-row atom: a 128-row
+// share (pingpong) holds twice the accumulators, its column scales loaded ahead would spill,
+// and its epilogue overlaps the other warpgroup's mainloop.
 template <int kTileM, int kTilePacked, bool kShiftedRows>
 struct TokenAndColumnScales {
   static constexpr bool kScaled = true;
@@ -66,22 +75,55 @@ struct TokenAndColumnScales {
         token_scale[row][mma_m] = m < m_total ? value : 0.0f;
       }
     }
+    // Column p's scale, for the thread's columns (0 | 1) of each block of each atom.
+    float column_scale[kMmaN][kBlocks][2];
+    const int first_column = get<1>(tAcc_coord(make_coord(make_coord(0, 0, 0), 0, 0)));  // 2q
+    const bool whole_pairs = kMmaM == 1 && read_once.w_scale_stride == 1 &&
+                             column_origin + kTilePacked <= packed_total &&
+                             reinterpret_cast<uintptr_t>(read_once.w_scale) % sizeof(float2) == 0;
+    if (whole_pairs) {
+      // Columns first_column + offset and the next one: column_origin and the offsets are
+      // even, so each pair is one aligned float2.
+      float2 const* pairs =
+          reinterpret_cast<float2 const*>(read_once.w_scale + column_origin + first_column);
+      CUTLASS_PRAGMA_UNROLL
+      for (int mma_n = 0; mma_n < kMmaN; ++mma_n) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int block = 0; block < kBlocks; ++block) {
+          const int offset =  // compile-time
+              get<1>(tAcc_coord(make_coord(make_coord(0, 0, block), 0, mma_n))) - first_column;
+          const float2 pair = __ldg(pairs + offset / 2);
+          column_scale[mma_n][block][0] = pair.x;
+          column_scale[mma_n][block][1] = pair.y;
+        }
+      }
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int mma_n = 0; mma_n < kMmaN; ++mma_n) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int block = 0; block < kBlocks; ++block) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int column = 0; column < 2; ++column) {
+            const int p = column_origin +
+                          get<1>(tAcc_coord(make_coord(make_coord(column, 0, block), 0, mma_n)));
+            const float value = ColumnScale(read_once, p < packed_total ? p : packed_total - 1);
+            column_scale[mma_n][block][column] = p < packed_total ? value : 0.0f;
+          }
+        }
+      }
+    }
     CUTLASS_PRAGMA_UNROLL
     for (int mma_n = 0; mma_n < kMmaN; ++mma_n) {
       CUTLASS_PRAGMA_UNROLL
       for (int block = 0; block < kBlocks; ++block) {
         CUTLASS_PRAGMA_UNROLL
         for (int column = 0; column < 2; ++column) {
-          const int p = column_origin +
-                        get<1>(tAcc_coord(make_coord(make_coord(column, 0, block), 0, mma_n)));
-          const float value = ColumnScale(read_once, p < packed_total ? p : packed_total - 1);
-          const float column_scale = p < packed_total ? value : 0.0f;
           CUTLASS_PRAGMA_UNROLL
           for (int mma_m = 0; mma_m < kMmaM; ++mma_m) {
             CUTLASS_PRAGMA_UNROLL
             for (int row = 0; row < 2; ++row) {
               float& a = accumulators(make_coord(make_coord(column, row, block), mma_m, mma_n));
-              a = a * token_scale[row][mma_m] * column_scale;
+              a = a * token_scale[row][mma_m] * column_scale[mma_n][block][column];
             }
           }
         }

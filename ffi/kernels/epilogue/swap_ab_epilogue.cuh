@@ -163,14 +163,55 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
     const ScaleParams scales = params_.scales;
     const int n = params_.n;
     ElementD* const ptr_d = params_.ptr_d;
+    // The fp8 scales (kScaled) are loaded per pass and chunk, not per output: in the wgmma
+    // layout a value v of a 64-row block is token first_token + 8 (v / 4) + v % 2 of the tile
+    // and the thread's row (v / 2) % 2 of the two it holds in the block, so a block's 4 column
+    // scales and a chunk's 4 token scales serve all its outputs. Indices are clamped into the
+    // arrays: the rows and tokens they stand in for (padding) are never stored.
+    const int packed_total = static_cast<int>(get<0>(problem_shape_mnkl));
+    const int first_token = get<1>(coords(0, 0, 0));
+    constexpr int kChunkBlocks = kChunkTokens / 8;
 
     CUTLASS_PRAGMA_UNROLL
     for (int pass = 0; pass < kPasses; ++pass) {
       const int column0 = static_cast<int>(packed_tile) * kTileN + pass * kPassColumns;
+      // [block of the pass][the thread's row of it]: its gate column's scale, its up column's.
+      float gate_scales[kPassBlocks][2];
+      float up_scales[kPassBlocks][2];
+      if constexpr (kScaled) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int block = 0; block < kPassBlocks; ++block) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int row = 0; row < 2; ++row) {
+            const int gate_row = get<0>(coords(2 * row, pass * kPassBlocks + block, 0)) -
+                                 (up_thread ? kGateUpBlock : 0);
+            const int gate_column = static_cast<int>(packed_tile) * kTilePacked + gate_row;
+            gate_scales[block][row] = ColumnScale(scales, min(gate_column, packed_total - 1));
+            up_scales[block][row] =
+                ColumnScale(scales, min(gate_column + kGateUpBlock, packed_total - 1));
+          }
+        }
+      }
 
       CUTLASS_PRAGMA_UNROLL
       for (int chunk = 0; chunk < kChunks; ++chunk) {
         const int chunk_token0 = chunk * kChunkTokens;
+        // [pair of the chunk's 8-token blocks][token of the two]: the scales of the thread's
+        // tokens in the blocks it computes (the even ones in a gate thread, the odd ones in an
+        // up thread; see below).
+        float token_scales[kChunkBlocks / 2][2];
+        if constexpr (kScaled) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int pair_of_blocks = 0; pair_of_blocks < kChunkBlocks / 2; ++pair_of_blocks) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int token = 0; token < 2; ++token) {
+              const int block = chunk * kChunkBlocks + 2 * pair_of_blocks + (up_thread ? 1 : 0);
+              const int row = token0 + first_token + 8 * block + token;
+              token_scales[pair_of_blocks][token] =
+                  TokenScale(scales, max(0, min(row, tokens - 1)));
+            }
+          }
+        }
         // Value v of a block belongs to 8-token block v / 4: the gate thread receives the
         // even blocks, the up thread the odd ones. The previous chunk's exchange readers are
         // done (its second barrier below), so it may be overwritten.
@@ -206,15 +247,10 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
                 const int token = get<1>(value_coords(v));
                 const int gate_row = get<0>(value_coords(v)) - (up_thread ? kGateUpBlock : 0);
                 if constexpr (kScaled) {
-                  // Scales only for the tile's own tokens and packed columns inside the
-                  // weights (padding tokens and columns are never stored).
-                  const int gate_column = static_cast<int>(packed_tile) * kTilePacked + gate_row;
-                  if (token >= rows.first && token < own_end &&
-                      column0 + OutputColumn(gate_row) < n) {
-                    const float x_scale = TokenScale(scales, token0 + token);
-                    g *= x_scale * ColumnScale(scales, gate_column);
-                    u *= x_scale * ColumnScale(scales, gate_column + kGateUpBlock);
-                  }
+                  const float x_scale =
+                      token_scales[(v / kTokenBlockValues) % kChunkBlocks / 2][v % 2];
+                  g *= x_scale * gate_scales[block][(v / 2) % 2];
+                  u *= x_scale * up_scales[block][(v / 2) % 2];
                 }
                 outputs[(token - chunk_token0) * kOutRow + OutputColumn(gate_row)] =
                     cutlass::NumericConverter<ElementD, float,
