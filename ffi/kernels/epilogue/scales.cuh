@@ -77,6 +77,16 @@ struct TokenAndColumnScales {
     }
     // Column p's scale, for the thread's columns (0 | 1) of each block of each atom.
     float column_scale[kMmaN][kBlocks][2];
+    auto for_each_column = [](auto&& f) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int mma_n = 0; mma_n < kMmaN; ++mma_n) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int block = 0; block < kBlocks; ++block) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int column = 0; column < 2; ++column) f(mma_n, block, column);
+        }
+      }
+    };
     const int first_column = get<1>(tAcc_coord(make_coord(make_coord(0, 0, 0), 0, 0)));  // 2q
     const bool whole_pairs = kMmaM == 1 && read_once.w_scale_stride == 1 &&
                              column_origin + kTilePacked <= packed_total &&
@@ -98,37 +108,23 @@ struct TokenAndColumnScales {
         }
       }
     } else {
+      for_each_column([&](int mma_n, int block, int column) {
+        const int p = column_origin +
+                      get<1>(tAcc_coord(make_coord(make_coord(column, 0, block), 0, mma_n)));
+        const float value = ColumnScale(read_once, p < packed_total ? p : packed_total - 1);
+        column_scale[mma_n][block][column] = p < packed_total ? value : 0.0f;
+      });
+    }
+    for_each_column([&](int mma_n, int block, int column) {
       CUTLASS_PRAGMA_UNROLL
-      for (int mma_n = 0; mma_n < kMmaN; ++mma_n) {
+      for (int mma_m = 0; mma_m < kMmaM; ++mma_m) {
         CUTLASS_PRAGMA_UNROLL
-        for (int block = 0; block < kBlocks; ++block) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int column = 0; column < 2; ++column) {
-            const int p = column_origin +
-                          get<1>(tAcc_coord(make_coord(make_coord(column, 0, block), 0, mma_n)));
-            const float value = ColumnScale(read_once, p < packed_total ? p : packed_total - 1);
-            column_scale[mma_n][block][column] = p < packed_total ? value : 0.0f;
-          }
+        for (int row = 0; row < 2; ++row) {
+          float& a = accumulators(make_coord(make_coord(column, row, block), mma_m, mma_n));
+          a = a * token_scale[row][mma_m] * column_scale[mma_n][block][column];
         }
       }
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int mma_n = 0; mma_n < kMmaN; ++mma_n) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int block = 0; block < kBlocks; ++block) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int column = 0; column < 2; ++column) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int mma_m = 0; mma_m < kMmaM; ++mma_m) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int row = 0; row < 2; ++row) {
-              float& a = accumulators(make_coord(make_coord(column, row, block), mma_m, mma_n));
-              a = a * token_scale[row][mma_m] * column_scale[mma_n][block][column];
-            }
-          }
-        }
-      }
-    }
+    });
   }
 };
 
