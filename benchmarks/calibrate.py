@@ -12,7 +12,8 @@ as a model runs them (CUPTI). Rows go to the JSON after each one, so a run cut s
 --budget-s keeps what it measured; benchmarks/tuning_data.py merges runs into the shipped
 tuning data. Shapes are names of benchmarks/shapes.py's PUBLIC_MLPS, KxN, or the groups
 "fit" and "held-out"; M values are numbers or "grid", "held-out", "decode". --operands e4m3
-calibrates the fp8 kernel's rows instead (weights quantized per channel).
+calibrates the fp8 kernel's rows instead (weights quantized per channel), promoted unless
+--accumulation fast.
 At large M the candidates the cost model puts far behind are not timed (--prune).
 ``--configs`` times only those rows' launches (a new or changed kernel row): the merge adds
 them to the entries the data already holds, which keep their other launches and XLA times.
@@ -94,7 +95,8 @@ def _weights(name, problem, key):
 
 def calibrate_row(name, m, dtype, args, device, key):
     k, n = shapes_lib.mlp_shape(name)
-    problem = selection.Problem(m, n, k, jnp.dtype(dtype).name, args.operands)
+    problem = selection.Problem(m, n, k, jnp.dtype(dtype).name, args.operands,
+                                accumulation=args.accumulation)
     launches = measure.candidate_launches(problem)
     if args.configs:
         launches = [launch for launch in launches if launch.row.id in args.configs]
@@ -124,6 +126,10 @@ def main(argv=None):
                         help="x's and the output's dtype")
     parser.add_argument("--operands", default="16bit", choices=("16bit", "e4m3"),
                         help="the rows to time: 16-bit operands, or e4m3 ones (fp8 weights)")
+    parser.add_argument("--accumulation", default="promoted", choices=("promoted", "fast"),
+                        help="e4m3: the calls' accumulation (fast: the fast-accumulation rows "
+                             "join and the promoted rows run without promotions; its own "
+                             "entries in the data)")
     parser.add_argument("--samples", type=int, default=3, help="timed graph replays per launch")
     parser.add_argument("--jax-m", nargs="*", type=int, default=[1, 4, 16, 64],
                         help="M values at which the XLA path and the fastest launches are "
@@ -141,6 +147,8 @@ def main(argv=None):
     parser.add_argument("--out", default="calibration.json")
     parser.add_argument("--note", action="append", default=[])
     args = parser.parse_args(argv)
+    if args.accumulation == "fast" and args.operands != "e4m3":
+        parser.error("--accumulation fast needs --operands e4m3")
     if jax.default_backend() != "gpu":
         raise SystemExit("calibration needs a GPU")
     shapes = expand(args.shapes, SHAPE_GROUPS)

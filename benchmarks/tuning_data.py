@@ -191,7 +191,7 @@ def evaluate(data: _data.TuningData, rows) -> list[dict]:
             continue
         m, n, k, dtype = row["m"], row["n"], row["k"], row["dtype"]
         candidates = [c for c in configs.values() if c is not None and c.runs(m)]
-        model = _model.Problem(m, n, k, 1 if dtype == "float8_e4m3fn" else 2)
+        model = _model.Problem(m, n, k, 1 if dtype.startswith("float8") else 2)
         predicted = _engine.predict(data, device, candidates, dtype, model, measured_splits)
         learned = bool(predicted)
         if not learned:

@@ -193,6 +193,49 @@ def test_a_shape_measured_at_many_m_speaks_once_on_each_side(engine):
     assert factor == pytest.approx(1.0, rel=1e-3), factor  # M = 7 and 9 of each, equally far
 
 
+FP8_TOKENS = config(110, operands="e4m3", tile_n=128, tile_k=128, cluster_m=2,
+                    accumulation="promoted-in-halves")
+FP8_SWAP = config(111, operands="e4m3", m_side="weights", tile_m=160, tile_n=128, tile_k=128,
+                  cluster_n=2, accumulation="promoted-in-halves")
+FP8_FAST = config(112, operands="e4m3", schedule="pingpong", tile_n=192, tile_k=128,
+                  cluster_m=2, accumulation="fast")
+
+
+def test_fp8_measurements_decide_fp8_calls_as_16_bit_ones(engine):
+    """Tuning data measured on e4m3 operands (calibrate --operands e4m3) decides a promoted
+    fp8 call as 16-bit data decides a 16-bit one: at a measured problem its fastest launch,
+    near one the learned rule. Fast accumulation is its own dtype in the data (its rows and
+    promotions differ), so promoted measurements leave a fast call to the rule of waves, and
+    16-bit calls never read fp8 entries."""
+    n, k = 14336, 4096
+    fp8_rows = (FP8_TOKENS, FP8_SWAP, FP8_FAST)
+    measured = [entry(777, n, k, {FP8_TOKENS: 194.0, FP8_SWAP: 175.8}),
+                entry(2048, n, k, {FP8_TOKENS: 392.9, FP8_SWAP: 424.1})]
+    for e in measured:
+        e["dtype"] = "float8_e4m3fn"
+    doc = document(measured)
+    doc["configs"].update({c.key: dict(c.__dict__) for c in fp8_rows})
+    engine["data"] = _data.TuningData(doc, source="data/NVIDIA_H200.json")
+
+    def fp8(m, accumulation="promoted"):
+        call = selection.Problem(m, n, k, "bfloat16", "e4m3", accumulation=accumulation)
+        rows = [c for c in fp8_rows if accumulation == "fast" or not c.fast_accumulation]
+        return _engine.decide(call, rows)
+
+    # Corrections relate a measurement to the model of the same operands (one byte each).
+    fp8_model = _model.launch_us(FP8_SWAP, 1, _model.Problem(777, n, k, 1), 132, 4.9e12,
+                                 CONSTANTS)
+    assert engine["data"].correction(FP8_SWAP.key, "float8_e4m3fn", 777, n, k) == (
+        pytest.approx(175.8 / fp8_model))
+    at_777, at_2048 = fp8(777), fp8(2048)
+    assert at_777.launch == _launch.Launch(FP8_SWAP.id)
+    assert at_2048.launch == _launch.Launch(FP8_TOKENS.id)
+    assert at_777.source == at_2048.source == "tuning data (measured)"
+    assert fp8(1024).source == "tuning data (learned rule)"
+    assert fp8(777, "fast").source == "heuristic"
+    assert decide(777, n, k).source == "heuristic"
+
+
 def test_another_sm_count_is_a_heuristic_on_that_gpu(engine):
     engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
     engine["device"] = _device.Device("NVIDIA H100 PCIe", 90, 114, 2.0e12)

@@ -113,7 +113,10 @@ class Entry:
 
     @property
     def problem(self) -> _model.Problem:
-        return _model.Problem(self.m, self.n, self.k)
+        """The cost model's problem (fp8 entries stream one byte an element, as the model of
+        an fp8 call does, so a correction relates like to like)."""
+        return _model.Problem(self.m, self.n, self.k,
+                              1 if self.dtype.startswith("float8") else 2)
 
 
 @dataclasses.dataclass(frozen=True)
