@@ -34,7 +34,11 @@ from ._layout import PackedExperts, _as_experts
 from ._reference import defined_group_sizes  # noqa: F401  (public here since wave 3)
 
 
-def _check_grouped_call(x, experts: PackedExperts, group_sizes) -> None:
+def _check_grouped_call(x, experts: PackedExperts, group_sizes, *,
+                        total_experts: int | None = None) -> None:
+    """``total_experts``: the whole call's expert count where ``experts`` holds one device's
+    (inside a manual context over the expert axis)."""
+    total_experts = experts.experts if total_experts is None else total_experts
     if not (hasattr(x, "shape") and hasattr(x, "dtype")) or x.ndim != 2:
         raise ValueError(f"x must be [T, K] (tokens sorted by expert), got "
                          f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
@@ -52,9 +56,9 @@ def _check_grouped_call(x, experts: PackedExperts, group_sizes) -> None:
     if jnp.dtype(group_sizes.dtype) != jnp.dtype(jnp.int32):
         raise TypeError(f"group_sizes must be int32 (as jax.lax.ragged_dot takes them), got "
                         f"{group_sizes.dtype}")
-    if tuple(group_sizes.shape) != (experts.experts,):
+    if tuple(group_sizes.shape) != (total_experts,):
         raise ValueError(f"group_sizes must have one size per expert, shape "
-                         f"({experts.experts},), got {tuple(group_sizes.shape)}")
+                         f"({total_experts},), got {tuple(group_sizes.shape)}")
 
 
 GROUPED_KERNELS = ("auto", "interleaved", "xla")
@@ -190,18 +194,22 @@ def _own_experts_call(call, x, experts: PackedExperts, group_sizes, extras, axis
     every row of the result in place, the devices' results summed."""
     devices = jax.lax.axis_size(axis)
     total = experts.experts * devices
-    if tuple(group_sizes.shape) != (total,):
+    if hasattr(group_sizes, "shape") and tuple(group_sizes.shape) != (total,):
         raise ValueError(f"group_sizes must have one size per expert of the whole call, shape "
                          f"({total},) ({experts.experts} experts on each of {devices} devices "
                          f"along {axis!r}), got {tuple(group_sizes.shape)}")
-    if not (hasattr(x, "shape") and len(x.shape) == 2):
-        raise ValueError(f"x must be [T, K] (tokens sorted by expert), got "
-                         f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+    _check_grouped_call(x, experts, group_sizes, total_experts=total)
     sizes = defined_group_sizes(group_sizes, x.shape[0])
     first = jax.lax.axis_index(axis) * experts.experts
     own = jax.lax.dynamic_slice_in_dim(sizes, first, experts.experts)
     offset = jnp.sum(jnp.where(jnp.arange(total) < first, sizes, 0))
     y = jnp.roll(call(jnp.roll(x, -offset, axis=0), experts, own, *extras), offset, axis=0)
+    context = jax.sharding.get_abstract_mesh()
+    if (set(context.axis_names) - set(context.manual_axes)
+            and y.dtype in (jnp.bfloat16, jnp.float16)):
+        # A body manual over some axes only: XLA's CPU compiler aborts on a 16-bit all-reduce
+        # there. The devices' rows do not overlap, so the sum in fp32 is exact.
+        return jax.lax.psum(y.astype(jnp.float32), axis).astype(y.dtype)
     return jax.lax.psum(y, axis)
 
 
@@ -233,8 +241,7 @@ def _over_expert_axis(call, x, experts: PackedExperts, group_sizes, extras, axis
         args = tuple(jax.sharding.reshard(
             a, spec if mesh is None else jax.sharding.NamedSharding(mesh, spec))
             for a, spec in zip(args, specs))
-    # Manual over every mesh axis: the tokens are the whole call's on each device (XLA's CPU
-    # compiler also fails on a ragged_dot in a body manual over some axes only).
+    # Manual over every mesh axis: the tokens are the whole call's on each device.
     return jax.shard_map(per_device, mesh=mesh,
                          in_specs=specs, out_specs=P())(*args)
 
@@ -262,6 +269,8 @@ def explain_grouped(x, experts, group_sizes, *, kernel: str = "auto", launch=Non
               f"{_reference.activation_label(activation)} on {platform}: ")
     xla = ("runs plain XLA (one ragged_dot over the packed expert weights, then act(g) * u "
            "in fp32)")
+    if not why and x.shape[0] == 0:
+        why = "T = 0: no rows, nothing to launch (the lowering emits no kernel)"
     if why:
         return header + f"{xla}, since {why}\n  details: xla (the XLA reference)"
     problem = selection.GroupedProblem(x.shape[0], experts.n, experts.k, experts.experts,

@@ -585,6 +585,10 @@ def _grouped_batch(args, dims, **params):
     # Every batch element has its own routing: one call each.
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     args = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    if size == 0:  # no call: an empty batch of the one call's result
+        one = jax.eval_shape(lambda *a: grouped_swiglu_p.bind(*a, **params),
+                             *(jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in args))
+        return jnp.zeros((0, *one.shape), one.dtype), 0
     return jnp.stack([grouped_swiglu_p.bind(*(a[i] for a in args), **params)
                       for i in range(size)]), 0
 

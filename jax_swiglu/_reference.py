@@ -165,9 +165,11 @@ def defined_group_sizes(group_sizes, tokens: int):
     those bounds the sizes are used as given; this makes any device-computed value defined.
     The grouped kernel's scheduler reads the sizes the same way
     (ffi/kernels/schedulers/expert_groups.cuh)."""
-    sizes = jnp.maximum(group_sizes, 0)
-    ends = jnp.minimum(jnp.cumsum(sizes), tokens)
-    return jnp.diff(ends, prepend=jnp.zeros((1,), ends.dtype)).astype(jnp.int32)
+    sizes = jnp.clip(group_sizes, 0, tokens).astype(jnp.int32)
+    # The running sum stops at the last row at every step (no partial sum exceeds twice the
+    # rows), so sizes near the int32 range cannot wrap it.
+    ends = jax.lax.associative_scan(lambda a, b: jnp.minimum(a + b, tokens), sizes)
+    return jnp.diff(ends, prepend=jnp.zeros((1,), ends.dtype))
 
 
 def ragged_product(x, w, sizes):

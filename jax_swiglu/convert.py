@@ -806,6 +806,11 @@ def hf_experts_checkpoint(layers: Mapping, *, gate: str = HF_EXPERT_GATE, up: st
                             f"pack_hf_experts_checkpoint returns; got {type(pair).__name__}")
         experts, w_down = pair
         gate_t, up_t = _layout.unpack_expert_weights(experts)  # [E, K, F]
+        e, k, f = gate_t.shape
+        if tuple(getattr(w_down, "shape", ())) != (e, f, k):
+            raise ValueError(f"layers[{layer}]: w_down must be [E, F, K] = {(e, f, k)} for "
+                             f"these experts (as pack_hf_experts_checkpoint returns it), got "
+                             f"{tuple(getattr(w_down, 'shape', ())) or type(w_down).__name__}")
         for role, stack in (("gate", gate_t), ("up", up_t), ("down", w_down)):
             for j in range(stack.shape[0]):
                 tensors[roles[role].format(i=layer, j=j)] = np.ascontiguousarray(

@@ -68,6 +68,12 @@ def test_any_group_sizes_give_a_defined_result(key):
     np.testing.assert_array_equal(
         jax_swiglu._experts.defined_group_sizes(jnp.array([-1, 7, 5, -2], jnp.int32), 10),
         [0, 7, 3, 0])
+    # Sizes near the int32 range (a device-computed value gone wrong) do not wrap the sum.
+    huge = jnp.array([3, 2**31 - 2, 4, 1], jnp.int32)
+    np.testing.assert_array_equal(jax_swiglu._experts.defined_group_sizes(huge, 10),
+                                  [3, 7, 0, 0])
+    np.testing.assert_array_equal(run(x, experts, huge),
+                                  run(x, experts, jnp.array([3, 7, 0, 0], jnp.int32)))
 
 
 def test_the_whole_expert_block_and_other_dtypes(key):
@@ -119,6 +125,9 @@ def test_explain_grouped_says_what_runs(key):
     text = jax_swiglu.explain_grouped(x.update(dtype=jnp.float32), pack_expert_weights(
         *(w.astype(jnp.float32) for w in _weights(key)[:2])), sizes, platform="cuda")
     assert "runs plain XLA" in text and "bfloat16 or float16, x is float32" in text, text
+    # No rows: the lowering emits no kernel, and explain says so.
+    text = jax_swiglu.explain_grouped(x.update(shape=(0, K)), experts, sizes, platform="cuda")
+    assert "runs plain XLA" in text and "since T = 0: no rows" in text, text
 
 
 def _grouped_custom_calls(fn, *args):
@@ -202,6 +211,8 @@ def test_vmap_runs_each_routing(key):
     ys = jax.vmap(lambda x, s: grouped_swiglu(x, experts, s))(xs, sizes)
     for i in range(3):
         np.testing.assert_array_equal(ys[i], grouped_swiglu(xs[i], experts, sizes[i]))
+    empty = jax.vmap(lambda x, s: grouped_swiglu(x, experts, s))(xs[:0], sizes[:0])
+    assert empty.shape == (0, 8, F) and empty.dtype == jnp.bfloat16
 
 
 @pytest.mark.parametrize("call, error, match", [
@@ -305,6 +316,12 @@ def test_bad_expert_checkpoints_are_clear_errors(key, tmp_path):
         convert.pack_hf_experts_checkpoint(odd)
     with pytest.raises(ValueError, match=r"\{i\} once for the layer and \{j\} once"):
         convert.pack_hf_experts_checkpoint(sd, gate="model.layers.{i}.mlp.gate_proj.weight")
+    # Exporting: w_down must be the experts' [E, F, K] (a missing expert or [E, K, F] is not
+    # a checkpoint).
+    experts, w_down = convert.pack_hf_experts_checkpoint(sd)[1]
+    for bad in (w_down[:-1], jnp.swapaxes(w_down, 1, 2)):
+        with pytest.raises(ValueError, match=r"layers\[1\]: w_down must be \[E, F, K\]"):
+            convert.hf_experts_checkpoint({1: (experts, bad)})
     # .safetensors files too (read lazily, only the expert tensors).
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
     safetensors_numpy.save_file(sd, str(tmp_path / "model.safetensors"))

@@ -184,7 +184,7 @@ class FusedExpertsMLP(nn.Module):
     Attributes:
       intermediate_size, num_experts: F (K comes from the input) and E.
       dtype: the computation and output dtype (any float); param_dtype: the stored one.
-      activation: as in :func:`jax_swiglu.swiglu`.
+      activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU), the names the kernels compile.
       kernel_init: draws gate, up, down ``[E, in, out]``; LeCun normal over ``in`` by default.
       expert_axis: a mesh axis the experts are split over (expert parallelism: each device
         runs its own experts' rows; :func:`jax_swiglu.grouped_fused_mlp`), or None.

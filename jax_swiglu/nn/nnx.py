@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from .. import _api, _experts, _layout, _primitive, _reference, convert, selection
@@ -562,7 +563,7 @@ class FusedExpertsMLP(nnx.Module):
     Args:
       hidden_size, intermediate_size, num_experts: K, F (multiples of 8) and E.
       dtype: the computation dtype (any float; outputs are in it); param_dtype: the stored one.
-      activation: as in :func:`jax_swiglu.swiglu`.
+      activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU), the names the kernels compile.
       kernel_init: draws gate, up, down ``[E, in, out]`` in that order; by default LeCun
         normal over ``in`` with the expert axis a batch axis.
       rngs: draws random weights; or params: ``{"gate_up_packed": {"kernel": ...},
@@ -581,8 +582,9 @@ class FusedExpertsMLP(nnx.Module):
         _common.check_activation(activation)
         k, n, e = hidden_size, intermediate_size, num_experts
         _layout.check_alignment(k, n)
-        if isinstance(e, bool) or not isinstance(e, int) or e < 1:
+        if isinstance(e, (bool, np.bool_)) or not isinstance(e, (int, np.integer)) or e < 1:
             raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
+        e = int(e)
 
         def draw(rngs):
             gate, up, down = (_draw(kernel_init, rngs.params(), shape, param_dtype)[0]
