@@ -11,9 +11,13 @@ from . import _launch, _layout, _native, _primitive, _quantize, _reference, sele
 from ._primitive import swiglu_p
 
 
-def _check_x(x, packed: _layout.PackedWeights):
+def _check_is_array(x) -> None:
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"x must be an array, got {type(x).__name__}")
+
+
+def _check_x(x, packed: _layout.PackedWeights):
+    _check_is_array(x)
     if x.ndim < 1:
         raise ValueError("x must have shape [..., K] (at least one dimension), got a scalar")
     if jnp.dtype(x.dtype) in _quantize.FP8_DTYPES:
@@ -228,6 +232,7 @@ def fused_mlp(x, packed, w_down, *, kernel: str = "auto", launch=None,
         the order of summation, for twice the all-reduce's bytes and a cast after it
         (benchmarks/tensor_parallel.py measures both). On one device the two agree.
     """
+    _check_is_array(x)
     if not isinstance(packed, _quantize.QuantizedWeights):
         packed = _layout.as_packed(packed, "packed")
     out_dtype = _reference.fp8_output_dtype(x.dtype)
@@ -268,6 +273,10 @@ def _fp8_down_block(x, packed, down, out_dtype, reduce_dtype, *, accumulation, *
         out = _reference.down_projection_quantized(
             y, down, reduce_dtype=reduce_dtype, accumulation=down_accumulation,
             out_sharding=_down_projection_sharding(y, down.data.T))
+    elif jnp.dtype(y.dtype) not in _layout.KERNEL_DTYPES:
+        # A float32 (or float64) block ran gate/up on XLA's path; its down projection too.
+        out = _reference.down_projection_quantized(
+            y, down, reduce_dtype=reduce_dtype, accumulation=down_accumulation)
     else:
         # One primitive: the decode form on one device at a few tokens, else XLA's dot.
         lead = y.shape[:-1]
@@ -315,6 +324,7 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
     default backend. Under sharding each device chooses from its own block: pass the
     per-device ``x`` (and weights) to see its choice.
     """
+    _check_is_array(x)
     activation = _reference.resolve_activation(activation)
     kernel = selection.requested_kernel(kernel)
     _primitive.check_accumulation(accumulation, isinstance(packed, _quantize.QuantizedWeights),

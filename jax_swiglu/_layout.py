@@ -248,8 +248,20 @@ def _shards_along_n(w) -> int:
 
 
 def _check_weight(name: str, w) -> None:
-    if not jnp.issubdtype(w.dtype, jnp.floating):
-        raise TypeError(f"{name} must be a floating-point array, got dtype {w.dtype}")
+    if not (hasattr(w, "shape") and hasattr(w, "dtype")):
+        raise TypeError(f"{name} must be an array, got {type(w).__name__}")
+    _check_packed_dtype(f"{name}'s dtype", w.dtype)
+
+
+def _check_packed_dtype(what: str, dtype) -> None:
+    """Packed weights are in a 16-bit or wider float: fp8 weights carry scales
+    (quantize_weights)."""
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{what} must be a floating-point dtype, got {dtype}")
+    if dtype.itemsize == 1:
+        raise TypeError(f"{what} is {dtype}: fp8 weights need scales, which "
+                        "jax_swiglu.quantize_weights computes (it packs them too)")
 
 
 # The layouts in which pack_weights takes gate and up (and unpack_weights gives them back).
@@ -338,6 +350,8 @@ def pack_weights(w_gate, w_up=None, *, layout: str | None = None, dtype=None) ->
     ``jax.jit`` with automatic mesh axes the sharding is not known yet and this check
     cannot run: pack concrete arrays, at load time, or use explicit mesh axes.)
     """
+    if dtype is not None:
+        _check_packed_dtype("dtype", dtype)
     w_gate, w_up = _split_source(w_gate, w_up, layout)
     _check_weight("w_gate", w_gate)
     _check_weight("w_up", w_up)

@@ -324,6 +324,9 @@ def quantize_down(w_down, *, dtype=jnp.float8_e4m3fn, scale: str = "per_channel"
                          f"{tuple(getattr(w_down, 'shape', ())) or type(w_down).__name__}")
     if not jnp.issubdtype(w_down.dtype, jnp.floating) or jnp.dtype(w_down.dtype) in FP8_DTYPES:
         raise TypeError(f"w_down must be a bf16/f16/f32 array to quantize, got {w_down.dtype}")
+    if 0 in w_down.shape:
+        raise ValueError(f"w_down must be a non-empty [N, K_out] array, got shape "
+                         f"{tuple(w_down.shape)}")
     w = jnp.asarray(w_down, jnp.float32)
     amax = jnp.max(jnp.abs(w), axis=0 if scale == "per_channel" else None)
     scales, inverse = _scales(amax, dtype)
@@ -354,6 +357,12 @@ def quantize_tokens(x, dtype=jnp.float8_e4m3fn):
     ``x_q = fp8(x / x_scale)`` is exact up to the one rounding of the cast, on every
     backend (see the module docstring)."""
     dtype = check_fp8_dtype(dtype, "dtype")
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(f"x must be an array [..., K], got {type(x).__name__}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"x must be a floating-point array to quantize, got {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] == 0:
+        raise ValueError(f"x must be [..., K] with K > 0, got shape {tuple(x.shape)}")
     x = jnp.asarray(x, jnp.float32)
     # A NaN anywhere in the row makes its amax NaN (XLA's max on the CPU may drop NaNs).
     amax = jnp.where(jnp.isnan(x).any(axis=-1), jnp.nan, jnp.max(jnp.abs(x), axis=-1))

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     try:
         records = autotune.autotune(problems=problems, dtype=jnp.dtype(args.dtype),
                                     kernel=args.kernel)
-    except RuntimeError as error:
+    except (RuntimeError, ValueError, TypeError) as error:
         print(f"jax_swiglu.tune: {error}", file=sys.stderr)
         return 1
     for r in records:

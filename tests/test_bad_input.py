@@ -125,3 +125,13 @@ class warnings_as_errors:
 
     def __exit__(self, *exc):
         return self._catch.__exit__(*exc)
+
+
+def test_non_array_x_is_a_type_error_in_every_entry_point(key):
+    packed = pack_weights(*random_weights(key, 32, 64))
+    w_down = jnp.ones((64, 32), jnp.bfloat16)
+    for call in (lambda: jax_swiglu.swiglu([[0.0] * 32], packed),
+                 lambda: jax_swiglu.fused_mlp([[0.0] * 32], packed, w_down),
+                 lambda: jax_swiglu.explain([[0.0] * 32], packed)):
+        with pytest.raises(TypeError, match="x must be an array, got list"):
+            call()

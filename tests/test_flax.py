@@ -386,3 +386,19 @@ def test_fp8_module_with_the_down_projection_in_fp8_is_the_whole_block(key):
     with pytest.raises(ValueError, match="quantized down projection"):
         swiglu_nn.Fp8SwiGLUMLP(fp8.quantized_weights(), jax_swiglu.quantize_down(
             jnp.ones((64, 128))))
+
+
+@pytest.mark.parametrize("down", [False, True])
+def test_an_abstract_fp8_module_explains_and_asks_for_its_weights(down):
+    """Built under nnx.eval_shape (state to be loaded later): explain works from the shapes,
+    a call says the weights are missing, and after nnx.update the block runs."""
+    build = lambda: swiglu_nn.Fp8SwiGLUMLP.quantize(  # noqa: E731
+        swiglu_nn.SwiGLUMLP(64, 96, rngs=nnx.Rngs(0)), down=down)
+    abstract, concrete = nnx.eval_shape(build), build()
+    x = jnp.ones((2, 64), jnp.bfloat16)
+    for platform in ("cpu", "cuda"):
+        assert abstract.explain(x, platform=platform) == concrete.explain(x, platform=platform)
+    with pytest.raises(ValueError, match="holds no weights, only their shape"):
+        abstract(x)
+    nnx.update(abstract, nnx.state(concrete))
+    np.testing.assert_array_equal(abstract(x), concrete(x))

@@ -195,6 +195,18 @@ def test_bad_dtypes():
         pack_weights(jnp.zeros((16, 64), jnp.int32), jnp.zeros((16, 64), jnp.int32))
     with pytest.raises(TypeError, match="different dtypes"):
         pack_weights(jnp.zeros((16, 64), jnp.bfloat16), jnp.zeros((16, 64), jnp.float16))
+    # dtype= casts to a float of 16 bits or more: an int cast would zero the weights, and fp8
+    # weights need scales (quantize_weights).
+    w = jnp.ones((16, 64), jnp.float32)
+    with pytest.raises(TypeError, match="dtype must be a floating-point dtype, got int8"):
+        pack_weights(w, w, dtype=jnp.int8)
+    for fp8 in (jnp.float8_e4m3fn, jnp.float8_e5m2):
+        with pytest.raises(TypeError, match="quantize_weights"):
+            pack_weights(w, w, dtype=fp8)
+        with pytest.raises(TypeError, match="quantize_weights"):
+            pack_weights(w.astype(fp8), w.astype(fp8))
+    with pytest.raises(TypeError, match="w_gate must be an array, got list"):
+        pack_weights([[1.0] * 64] * 16, w)
 
 
 def test_tampered_packed_weights_are_refused(key):

@@ -280,6 +280,20 @@ def test_bad_quantize_arguments():
         quantize_weights(w_gate, w_up[:, :32])
     with pytest.raises(ValueError, match="multiples of 8"):
         quantize_weights(w_gate[:, :60], w_up[:, :60])
+    # Tokens and the down projection: arrays of floats with something to scale.
+    with pytest.raises(TypeError, match="x must be an array"):
+        jax_swiglu.quantize_tokens([[1.0, 2.0]])
+    for bad in (jnp.ones((3, 4), jnp.int32), jnp.ones((3, 4), jnp.complex64)):
+        with pytest.raises(TypeError, match="floating-point array to quantize"):
+            jax_swiglu.quantize_tokens(bad)
+    for bad in (jnp.float32(3.0), jnp.ones((3, 0))):
+        with pytest.raises(ValueError, match="K > 0"):
+            jax_swiglu.quantize_tokens(bad)
+    with pytest.raises(ValueError, match="non-empty"):
+        jax_swiglu.quantize_down(jnp.zeros((0, 64)))
+    # M = 0 is still a call (no rows, no scales).
+    x_q, x_scale = jax_swiglu.quantize_tokens(jnp.ones((0, 64)))
+    assert x_q.shape == (0, 64) and x_scale.shape == (0,)
 
 
 def test_bad_scales_are_refused(quantized):
@@ -449,6 +463,15 @@ def test_a_bad_forced_fp8_launch_is_a_trace_time_error(launch, match):
 
 
 @requires_kernels
+def test_an_e4m3_launch_forced_on_e5m2_weights_names_them():
+    fp8 = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128).id
+    q5 = quantize_weights(*random_weights(jax.random.key(0), 64, 96, jnp.float32),
+                          dtype=jnp.float8_e5m2)
+    with pytest.raises(ValueError, match="runs e4m3 operands, but the weights are e5m2 fp8"):
+        swiglu(jnp.ones((5, 64), jnp.bfloat16), q5, launch=fp8)
+
+
+@requires_kernels
 def test_a_fast_accumulation_row_runs_only_fast_calls():
     """The fast-accumulation rows (no promotion in their mainloop) join the candidates of a
     fast call only; forced on a promoted call, or with a promotion interval, they are a clear
@@ -571,6 +594,13 @@ def test_fused_mlp_with_the_down_projection_in_fp8_is_the_whole_fp8_spec(key, sc
     w_gate, w_up = random_weights(kw, 256, 192)
     mixed = jax_swiglu.fused_mlp(x, pack_weights(w_gate, w_up), down)
     assert mixed.shape == (3, 11, 256) and mixed.dtype == jnp.bfloat16
+    # A float32 block (gate/up on XLA's path) projects on XLA's fp8 dot too, as its spec.
+    x32, packed32 = x.astype(jnp.float32), pack_weights(*random_weights(kw, 256, 192,
+                                                                        jnp.float32))
+    block32 = jax_swiglu.fused_mlp(x32, packed32, down)
+    assert block32.shape == (3, 11, 256) and block32.dtype == jnp.float32
+    np.testing.assert_array_equal(block32, _reference.down_projection_quantized(
+        swiglu(x32, packed32), down, reduce_dtype=jnp.dtype(jnp.float32)))
     with pytest.raises(ValueError, match="contracts N=192"):
         jax_swiglu.fused_mlp(x, quantize_weights(*random_weights(kw, 256, 128, jnp.float32)),
                              down)

@@ -8,6 +8,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import stat
 import warnings
 
@@ -551,6 +552,37 @@ def test_autotune_needs_a_gpu_and_says_so(capsys):
     with pytest.raises(SystemExit):
         tune.main(["--shapes", "not-a-shape", "--m", "8"])
     assert "'not-a-shape' is not KxN" in capsys.readouterr().err
+    assert tune.main(["--shapes", "64x12", "--m", "8"]) == 1  # checked before the GPU
+    assert "multiples of 8" in capsys.readouterr().err
+
+
+def test_autotune_checks_its_arguments_as_the_calls_do():
+    """Bad arguments are errors before any GPU work (here, before the missing GPU is): what
+    swiglu refuses, autotune refuses, and nothing is silently ignored."""
+    k, n = 64, 128
+    packed = jax_swiglu.pack_weights(jnp.ones((k, n), jnp.bfloat16), jnp.ones((k, n),
+                                                                              jnp.bfloat16))
+    x = jnp.ones((4, k), jnp.bfloat16)
+    cases = [
+        (lambda: jax_swiglu.autotune(jnp.ones((4, 2 * k), jnp.bfloat16), packed), ValueError,
+         "K"),
+        (lambda: jax_swiglu.autotune(x.astype(jnp.float32), packed), TypeError, "float32"),
+        (lambda: jax_swiglu.autotune(x, packed, activation="bogus"), ValueError,
+         "activation must be one of"),
+        (lambda: jax_swiglu.autotune(x, packed, activation=jax.nn.relu), ValueError,
+         "nothing to tune"),
+        (lambda: jax_swiglu.autotune(x, packed, activaton="gelu_tanh"), TypeError,
+         "not activaton"),
+        (lambda: jax_swiglu.autotune(x, packed, samples=0), ValueError, "samples must be"),
+        (lambda: jax_swiglu.autotune(problems=[(1, 12, 64)]), ValueError, "multiples of"),
+        (lambda: jax_swiglu.autotune(problems=[(-1, 64, 64)]), ValueError, "m must be >= 0"),
+        (lambda: jax_swiglu.autotune(problems=[(1, 64)]), ValueError, "(m, n, k) ints"),
+        (lambda: jax_swiglu.autotune(problems=[(1, 64, 64)], dtype=jnp.float8_e4m3fn),
+         TypeError, "bfloat16 or float16"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=re.escape(match)):
+            call()
 
 
 GEMV = config(103, family="gemv", schedule="cuda-cores", m_side="weights", tile_m=8,

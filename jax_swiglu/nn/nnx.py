@@ -511,26 +511,44 @@ class Fp8SwiGLUMLP(nnx.Module):
         return cls(weights, down_weights, dtype=mlp.dtype, kernel=kernel,
                    activation=mlp.activation, accumulation=accumulation)
 
+    def _stored(self, variable, name: str):
+        """A variable's value, refused where it holds only a shape (a module built under
+        ``nnx.eval_shape`` whose state was never loaded)."""
+        value = variable.get_value()
+        if isinstance(value, jax.ShapeDtypeStruct):
+            raise ValueError(
+                f"{name} holds no weights, only their shape (a module built under "
+                "nnx.eval_shape): load them first, nnx.update(module, state)")
+        return value
+
     def quantized_weights(self):
         """The stored gate/up weights as :class:`jax_swiglu.QuantizedWeights`."""
         from .. import _quantize
-        return _quantize.QuantizedWeights.from_packed_data(self.gate_up_data[...], self.gate_up_scales[...],
-                                          self.intermediate_size, self.scale_mode)
+        return _quantize.QuantizedWeights.from_packed_data(
+            self._stored(self.gate_up_data, "gate_up_data"),
+            self._stored(self.gate_up_scales, "gate_up_scales"), self.intermediate_size,
+            self.scale_mode)
 
     def explain(self, x, *, platform: str | None = None) -> str:
-        """Which kernel a call on ``x`` would run, as :func:`jax_swiglu.explain`."""
+        """Which kernel a call on ``x`` would run, as :func:`jax_swiglu.explain` (from the
+        stored weights' shapes: a module built under ``nnx.eval_shape`` explains too)."""
+        from .. import _quantize
         x = jax.ShapeDtypeStruct(x.shape, self.dtype)
-        return _api.explain(x, self.quantized_weights(), kernel=self.kernel,
-                            activation=self.activation, platform=platform,
-                            accumulation=self.accumulation)
+        data, scales = (jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype)
+                        for v in (self.gate_up_data, self.gate_up_scales))
+        weights = _quantize.QuantizedWeights._wrap(data, scales, self.intermediate_size,
+                                                   self.scale_mode, _quantize.LAYOUT)
+        return _api.explain(x, weights, kernel=self.kernel, activation=self.activation,
+                            platform=platform, accumulation=self.accumulation)
 
     def down_weights(self):
         """The stored down projection: a :class:`jax_swiglu.QuantizedDown`, or ``[N, K]`` in
         ``dtype``."""
         from .. import _quantize
         if self.down_scale_mode is None:
-            return self.down_proj.kernel[...]
-        return _quantize.QuantizedDown(self.down_data[...], self.down_scales[...],
+            return self._stored(self.down_proj.kernel, "down_proj.kernel")
+        return _quantize.QuantizedDown(self._stored(self.down_data, "down_data"),
+                                       self._stored(self.down_scales, "down_scales"),
                                        self.down_scale_mode)
 
     def __call__(self, x: jax.Array) -> jax.Array:

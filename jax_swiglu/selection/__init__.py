@@ -174,7 +174,8 @@ def check_forced_launch(launch: _launch.Launch, problem: Problem, kernel: str = 
         raise ValueError(f"launch={launch}: config {row.id} is not compiled in this build "
                          "(install with JAX_SWIGLU_ALL_CONFIGS=1)")
     if row.operands != problem.operands:
-        have = "fp8 (QuantizedWeights)" if problem.operands == "e4m3" else "16-bit (PackedWeights)"
+        have = ("16-bit (PackedWeights)" if problem.operands == "16bit"
+                else f"{problem.operands} fp8 (QuantizedWeights)")
         raise ValueError(f"launch={launch}: config {row.id} runs {row.operands} operands, but "
                          f"the weights are {have}")
     if kernel not in ("auto", row.family):

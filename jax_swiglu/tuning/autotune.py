@@ -47,10 +47,24 @@ def _problems_of_function(fn, *args, **kwargs) -> list[selection.Problem]:
     return list(dict.fromkeys(found))
 
 
-def _problem_of_call(x, weights, activation: str, accumulation: str) -> selection.Problem:
-    m = math.prod(x.shape[:-1])
+def _problem_of_call(x, weights, activation, accumulation: str) -> selection.Problem:
+    """The problem of ``swiglu(x, weights, activation=..., accumulation=...)``, checked as
+    that call checks it."""
+    from .. import _api
+    activation = _reference.resolve_activation(activation)
+    if not isinstance(activation, str):
+        raise ValueError(f"autotune times the kernels, which compile the activations "
+                         f"{tuple(_reference.ACTIVATIONS)}; a callable activation runs on "
+                         "XLA's path only, with nothing to tune")
     _primitive.check_accumulation(accumulation,
                                   isinstance(weights, _quantize.QuantizedWeights))
+    if isinstance(weights, _quantize.QuantizedWeights):
+        fp8_x = hasattr(x, "dtype") and jnp.dtype(x.dtype) in _quantize.FP8_DTYPES
+        _api._check_fp8_call(x, weights, jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32)
+                             if fp8_x else None)
+    else:
+        _api._check_x(x, _layout.as_packed(weights, "packed"))
+    m = math.prod(x.shape[:-1])
     if isinstance(weights, _quantize.QuantizedWeights):
         return selection.Problem(m, weights.n, weights.k,
                                  _reference.fp8_output_dtype(x.dtype).name,
@@ -59,6 +73,22 @@ def _problem_of_call(x, weights, activation: str, accumulation: str) -> selectio
     weights = _layout.as_packed(weights, "packed")
     return selection.Problem(m, weights.n, weights.k, jnp.dtype(x.dtype).name, "16bit",
                              activation)
+
+
+def _checked_problem(problem, dtype) -> selection.Problem:
+    """One ``(m, n, k)`` of ``problems=`` as a 16-bit Problem, checked as a call would be."""
+    dtype = jnp.dtype(dtype)
+    if dtype not in _layout.KERNEL_DTYPES:
+        raise TypeError(f"autotune(problems=...) times 16-bit calls: dtype must be bfloat16 or "
+                        f"float16, got {dtype} (fp8 calls: autotune(x, quantized_weights))")
+    if not (isinstance(problem, (tuple, list)) and len(problem) == 3
+            and all(hasattr(v, "__index__") and not isinstance(v, bool) for v in problem)):
+        raise ValueError(f"each problem must be (m, n, k) ints, got {problem!r}")
+    m, n, k = (int(v) for v in problem)
+    if m < 0 or n < 1 or k < 1:
+        raise ValueError(f"problem (m, n, k) = {(m, n, k)}: m must be >= 0, n and k >= 1")
+    _layout.check_alignment(k, n)
+    return selection.Problem(m, n, k, dtype.name)
 
 
 def autotune(*args, problems=None, dtype=jnp.bfloat16, kernel: str | None = None,
@@ -77,24 +107,33 @@ def autotune(*args, problems=None, dtype=jnp.bfloat16, kernel: str | None = None
     tuning-data launch id), the times measured, and whether the cache file was written.
     Needs a local SM90 GPU.
     """
-    why = selection.kernels_unusable_reason()
-    if why is not None:
-        raise RuntimeError(f"jax_swiglu.autotune needs an SM90 GPU and the kernels: {why}")
+    for name, value in (("samples", samples), ("finalists", finalists)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     family = None if kernel is None else selection.canonical_kernel(kernel)
     if family in ("auto", "xla"):
         family = None
+    function_form = bool(args) and callable(args[0])
     if problems is not None:
         if args:
             raise TypeError("autotune takes either calls (positional) or problems=, not both")
-        todo = [selection.Problem(int(m), int(n), int(k), jnp.dtype(dtype).name)
-                for m, n, k in problems]
-    elif args and callable(args[0]):
-        todo = _problems_of_function(args[0], *args[1:], **kwargs)
-    elif len(args) == 2:
-        todo = [_problem_of_call(*args, kwargs.pop("activation", "silu"),
-                                 kwargs.pop("accumulation", "promoted"))]
-    else:
+        if kwargs:
+            raise TypeError(f"autotune(problems=...) takes no {', '.join(kwargs)}")
+        todo = [_checked_problem(problem, dtype) for problem in problems]
+    elif len(args) == 2 and not function_form:
+        unknown = set(kwargs) - {"activation", "accumulation"}
+        if unknown:
+            raise TypeError(f"autotune(x, weights) takes activation= and accumulation= (as "
+                            f"swiglu does), not {', '.join(sorted(unknown))}")
+        todo = [_problem_of_call(*args, kwargs.get("activation", "silu"),
+                                 kwargs.get("accumulation", "promoted"))]
+    elif not function_form:
         raise TypeError("autotune(x, weights), autotune(fn, *args) or autotune(problems=[...])")
+    why = selection.kernels_unusable_reason()
+    if why is not None:
+        raise RuntimeError(f"jax_swiglu.autotune needs an SM90 GPU and the kernels: {why}")
+    if function_form:
+        todo = _problems_of_function(args[0], *args[1:], **kwargs)
 
     device = _device.local_device()
     cache = _cache.cache(__version__)
