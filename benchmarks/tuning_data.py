@@ -42,11 +42,20 @@ def _provenance(calibration: dict) -> dict:
             "method": calibration.get("method")}
 
 
+def _provenance_with_cutlass(run: dict) -> dict:
+    provenance = _provenance(run)
+    if not provenance["cutlass"]:
+        # A run on a carried prebuilt extension finds no nvidia-cutlass installed; its kernels
+        # were built against the build requirement's pinned headers.
+        provenance["cutlass"] = f"{_pinned_cutlass()} (the build requirement; not recorded)"
+    return provenance
+
+
 def _calibration_id(calibration: dict, existing: dict) -> str:
     env = calibration["environment"]
     base = f"{(env.get('date') or 'undated')[:10]}-{env.get('git') or 'nogit'}"
     name, n = base, 1
-    while name in existing and existing[name] != _provenance(calibration):
+    while name in existing and existing[name] != _provenance_with_cutlass(calibration):
         n += 1
         name = f"{base}-{n}"
     return name
@@ -130,7 +139,7 @@ def merge(document: dict, calibration: dict, *, include_held_out: bool = False) 
     if facts.get("cluster_slots"):  # measured on the part: the cost model's rounds use it
         known["cluster_slots"] = facts["cluster_slots"]
     name = _calibration_id(calibration, document["calibrations"])
-    document["calibrations"][name] = _provenance(calibration)
+    document["calibrations"][name] = _provenance_with_cutlass(calibration)
     document["configs"].update(calibration["configs"])
     entries = {(e["dtype"], e["m"], e["n"], e["k"]): e for e in document["entries"]}
     written = 0
@@ -375,11 +384,7 @@ def merge_grouped(document: dict, run: dict, *, include_held_out: bool = False) 
                                else "; row ids read with the merging tree's table")
     run = dict(run, method=run.get("method") or method)
     name = _calibration_id(run, document["calibrations"])
-    provenance = _provenance(run)
-    if not provenance["cutlass"]:
-        # A run on a carried prebuilt extension finds no nvidia-cutlass installed; its kernels
-        # were built against the build requirement's pinned headers.
-        provenance["cutlass"] = f"{_pinned_cutlass()} (the build requirement; not recorded)"
+    provenance = _provenance_with_cutlass(run)
     held = set(run.get("held_out_models", shapes_lib.MOE_HELD_OUT))
     entries = {(e["dtype"], e["m"], e["n"], e["k"], e["experts"], e["routing"]): e
                for e in document.get("grouped_entries", [])}

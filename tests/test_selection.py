@@ -245,6 +245,58 @@ def test_another_sm_count_is_a_heuristic_on_that_gpu(engine):
     assert "114 SMs, corrected by the measurements of NVIDIA H200" in decision.reason
 
 
+# (the engine fixture replaces these)
+_SHIPPED_PART_MEASURED_MOST, _ENGINE_TARGET_DEVICE = _data.any_sm90, _engine.target_device
+
+
+def test_each_dtype_is_corrected_by_the_part_that_measured_it(engine, monkeypatch):
+    """Two parts ship data: one measured 16-bit calls, the other fp8 calls only. On the
+    second, a 16-bit call is priced on its own SMs and bandwidth and corrected by the first
+    part's measurements (as on a part with no data), an fp8 call by its own (an exact entry
+    there); on the first, fp8 calls take the second's corrections; a lowering with no GPU
+    here assumes the part measured most."""
+    h100 = _device.Device("NVIDIA H100 80GB HBM3", 90, 132, 3.35e12)
+    n, k = 14336, 4096
+    sixteen_bit = document([entry(m, n, k, {PREFILL: 3.0 * m, DECODE: 2.0 * m + 40.0})
+                            for m in (8, 64, 512)])
+    fp8_entries = [entry(m, n, k, {FP8_TOKENS: 1.0 * m + 60.0, FP8_SWAP: 1.5 * m})
+                   for m in (777, 2048)]
+    for e in fp8_entries:
+        e["dtype"] = "float8_e4m3fn"
+    fp8_only = document(fp8_entries, h100)
+    fp8_only["configs"].update({c.key: dict(c.__dict__) for c in (FP8_TOKENS, FP8_SWAP)})
+    parts = {H200.kind: _data.TuningData(sixteen_bit, source="data/NVIDIA_H200.json"),
+             h100.kind: _data.TuningData(fp8_only, source="data/NVIDIA_H100_80GB_HBM3.json")}
+    monkeypatch.setattr(_data, "shipped", parts.get)
+    monkeypatch.setattr(_data, "shipped_kinds", lambda: tuple(sorted(parts)))
+    monkeypatch.setattr(_data, "any_sm90", _SHIPPED_PART_MEASURED_MOST)
+    assert _data.any_sm90() is parts[H200.kind]
+    assert _data.corrections_for(h100.kind, "bfloat16") is parts[H200.kind]
+    assert _data.corrections_for(h100.kind, "float8_e4m3fn") is parts[h100.kind]
+    assert _data.corrections_for(H200.kind, "float8_e4m3fn") is parts[h100.kind]
+    assert _data.corrections_for(H200.kind, "float8_e4m3fn/fast") is parts[H200.kind]
+    assert _data.corrections_for("NVIDIA H20", "bfloat16", grouped=True) is parts[H200.kind]
+
+    def fp8(m):
+        return _engine.decide(selection.Problem(m, n, k, "bfloat16", "e4m3"),
+                              [FP8_TOKENS, FP8_SWAP])
+
+    engine["device"] = h100
+    on_h100 = decide(100, n, k)
+    assert on_h100.source == "heuristic" and "corrected by the measurements of NVIDIA H200" in (
+        on_h100.reason)
+    assert fp8(777).source == "tuning data (measured)"
+    assert fp8(777).launch == _launch.Launch(FP8_TOKENS.id)  # 837 us against 1165.5
+    assert fp8(1024).source == "tuning data (learned rule)"
+    engine["device"] = H200
+    assert decide(8, n, k).source == "tuning data (measured)"
+    on_h200 = fp8(777)
+    assert on_h200.source == "heuristic" and (
+        "corrected by the measurements of NVIDIA H100 80GB HBM3" in on_h200.reason)
+    monkeypatch.setattr(_engine, "local_device", lambda: None)
+    assert _ENGINE_TARGET_DEVICE().kind == H200.kind
+
+
 @requires_kernels
 @pytest.mark.parametrize("m", [1, 7, 9, 100, 384, 700, 1000, 1536, 3000, 4096])
 def test_candidates_are_the_rows_that_can_run_the_call(m):
@@ -496,6 +548,15 @@ def test_shipped_data_has_provenance(path):
     assert not [e for e in data.grouped_entries if (e.k, e.n, e.experts) in held_out_moe]
 
 
+def _problem_of_entry(entry) -> selection.Problem:
+    """The call a tuning data entry measured (its dtype is the problem's data_dtype)."""
+    if entry.dtype.startswith("float8_e4m3fn"):
+        accumulation = "fast" if entry.dtype.endswith("/fast") else "promoted"
+        return selection.Problem(entry.m, entry.n, entry.k, "bfloat16", "e4m3",
+                                 accumulation=accumulation)
+    return selection.Problem(entry.m, entry.n, entry.k, entry.dtype)
+
+
 @requires_kernels
 @pytest.mark.parametrize("path", _shipped_documents())
 def test_engine_reproduces_the_argmin_of_the_shipped_data(path, monkeypatch, tmp_path):
@@ -518,7 +579,7 @@ def test_engine_reproduces_the_argmin_of_the_shipped_data(path, monkeypatch, tmp
         if len(finalists) > 1 and best in finalists:
             best = min(finalists, key=finalists.get)
         ours = (e.cupti_us or {}).get(best, measured[best])
-        p = selection.Problem(e.m, e.n, e.k, e.dtype)
+        p = _problem_of_entry(e)
         decision = _engine.decide(p, selection.candidates(p))
         if e.xla_us and e.xla_us < ours:
             assert decision.launch is None, (e.m, e.n, e.k)
@@ -710,10 +771,17 @@ def test_fp8_rule_follows_tokens_waves_and_the_sm_count():
     assert rule(512, 114) == stream_k and rule(1792, 114) == persistent
 
 
+@pytest.fixture
+def no_fp8_data(monkeypatch):
+    """The shipped data of the H200 alone, which measured no fp8 calls."""
+    monkeypatch.setattr(_data, "shipped_kinds", lambda: ("NVIDIA H200",))
+
+
 @requires_kernels
-def test_fp8_calls_follow_the_rule_without_fp8_data():
-    """No fp8 tuning data ships: the engine's heuristic step decides every fp8 call, among
-    the rows every build compiles (N = 4096: 64 columns of 128 x 128 tiles)."""
+def test_fp8_calls_follow_the_rule_without_fp8_data(no_fp8_data):
+    """Where no shipped data measured fp8 calls, the engine's heuristic step decides every
+    fp8 call, among the rows every build compiles (N = 4096: 64 columns of 128 x 128
+    tiles)."""
     swap64 = _fp8_row(m_side="weights", tile_m=64)
     persistent = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=128, tile_k=128)
     wide = _fp8_row(m_side="tokens", scheduler="persistent", tile_n=192)
@@ -734,8 +802,8 @@ def test_fp8_calls_follow_the_rule_without_fp8_data():
 
 
 @requires_kernels
-def test_fp8_decode_streams_through_the_gemv():
-    """Up to 16 tokens an e4m3 call runs the tensor-core gemv row that the cost model predicts
+def test_fp8_decode_streams_through_the_gemv(no_fp8_data):
+    """With no fp8 data, up to 16 tokens an e4m3 call runs the tensor-core gemv row that the cost model predicts
     fastest from its CTAs' waves and bytes, K unsplit: on a 72B-sized shape (K = 8192,
     N = 29568) the 256-column tile (231 CTAs, each streaming twice the columns of the
     128-column tile's 462); on a short one (K = 1024, N = 2816) too the grid is not split,

@@ -346,7 +346,8 @@ def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
                              f"runs T={problem.m} N={problem.n} K={problem.k} over "
                              f"{problem.experts} experts")
         return Choice(None, "no compiled grouped config runs it", "heuristic")
-    device, data = _engine.device_and_data(data)
+    device, _ = _engine.device_and_data(data)
+    data = data or _data.corrections_for(device.kind, "bfloat16", grouped=True)
     model = _model.Problem(problem.m, problem.n, problem.k)
     # The routing is on the device: weigh a balanced and a skewed one, and take the row whose
     # worse ratio to the best of that routing is least (ties: the faster balanced). Each

@@ -170,6 +170,10 @@ class TuningData:
     def exact(self, dtype: str, m: int, n: int, k: int) -> Entry | None:
         return self._exact.get((dtype, m, n, k))
 
+    def measured(self, dtype: str, *, grouped: bool = False) -> int:
+        """How many problems of ``dtype`` (grouped ones with ``grouped``) the data measured."""
+        return sum(e.dtype == dtype for e in (self.grouped_entries if grouped else self.entries))
+
     @functools.cached_property
     def _by_launch(self) -> dict:
         """launch id -> [(dtype, log m, log n, log k, log(measured / model))], for the
@@ -315,7 +319,33 @@ def shipped_kinds() -> tuple[str, ...]:
     return tuple(kinds)
 
 
+def _most_measured(documents, dtype: str | None = None, grouped: bool = False):
+    """Of ``documents``, the one that measured the most problems (of ``dtype`` where given);
+    ties go to the first."""
+    def count(data):
+        if dtype is None:
+            return len(data.entries) + len(data.grouped_entries)
+        return data.measured(dtype, grouped=grouped)
+    documents = [d for d in documents if d is not None]
+    return max(documents, key=count) if documents else None
+
+
 def any_sm90() -> TuningData | None:
-    """Some shipped SM90 part's data (its corrections and constants serve a GPU with none)."""
-    kinds = shipped_kinds()
-    return shipped(kinds[0]) if kinds else None
+    """The shipped SM90 part measured most (its constants and corrections serve a GPU with no
+    data of its own; a lowering for CUDA with no GPU here assumes that part)."""
+    return _most_measured(shipped(kind) for kind in shipped_kinds())
+
+
+def corrections_for(device_kind: str | None, dtype: str, *,
+                    grouped: bool = False) -> TuningData | None:
+    """The data whose measurements correct the cost model for ``dtype`` calls (grouped ones
+    with ``grouped``) on ``device_kind``: that kind's shipped data where it measured such
+    calls; else the shipped part that measured most of them (another SM90 part's
+    corrections: the model carries this GPU's SMs and bandwidth); else this kind's data or
+    any_sm90's, for their constants alone."""
+    own = shipped(device_kind) if device_kind else None
+    if own is not None and own.measured(dtype, grouped=grouped):
+        return own
+    measured = [data for data in (shipped(kind) for kind in shipped_kinds())
+                if data is not None and data.measured(dtype, grouped=grouped)]
+    return _most_measured(measured, dtype, grouped) or own or any_sm90()

@@ -1,13 +1,14 @@
 """Which launch runs a call: the fused candidates and the XLA path, resolved in one order.
 
   1. the user's autotune cache (``jax_swiglu.autotune``) for this GPU and problem;
-  2. the shipped tuning data for this GPU (same kind and SM count), at a measured problem:
-     its fastest candidate there;
+  2. the shipped tuning data for this GPU (same kind and SM count) where it measured the
+     call's dtype, at a measured problem: its fastest candidate there;
   3. the same data's learned rule anywhere else: the cost model on this GPU, corrected by
      the nearest measurements (_data.py);
-  4. a heuristic where no data covers the GPU or the candidates (_heuristic.py): for 16-bit
-     operands the cost model alone, with this GPU's SM count and bandwidth (corrected by the
-     data of another SM90 part where there is some); for e4m3 operands a rule of waves;
+  4. a heuristic where this GPU's data does not cover the dtype or the candidates
+     (_heuristic.py): the cost model with this GPU's SM count and bandwidth, corrected by the
+     measurements of the dtype on another shipped SM90 part where there are some; else for
+     16-bit operands the cost model alone, for e4m3 operands a rule of waves;
   5. the XLA path, where no fused candidate can run the problem.
 The XLA path is a candidate at steps 2-4 like any launch: where it measured (or is predicted)
 faster, it wins. Every kernel family and operand type is a set of candidates of this one
@@ -34,14 +35,13 @@ class Decision:
 
 def target_device() -> Device | None:
     """The GPU the lowering targets: the local one, or, lowering for CUDA with no GPU here,
-    the device of the shipped tuning data (when exactly one kind is shipped)."""
+    the device of the shipped tuning data (of the part measured most, where several are
+    shipped)."""
     device = local_device()
     if device is not None:
         return device
-    kinds = _data.shipped_kinds()
-    if len(kinds) == 1:
-        return device_from_dict(_data.shipped(kinds[0]).device, local=False)
-    return None
+    reference = _data.any_sm90()
+    return device_from_dict(reference.device, local=False) if reference is not None else None
 
 
 def _fmt(us: float) -> str:
@@ -80,7 +80,8 @@ def decide(problem, candidates, *, xla_allowed: bool = True, version: str = "0")
                                 _cached_reason(record))
 
     data = _data.shipped(device.kind) if device is not None else None
-    same_device = (data is not None and data.device["sm_count"] == device.sm_count
+    same_device = (data is not None and data.measured(dtype) > 0
+                   and data.device["sm_count"] == device.sm_count
                    and int(data.device["compute_capability"]) == device.compute_capability)
 
     # 2. an exact entry of the shipped data
@@ -91,16 +92,19 @@ def decide(problem, candidates, *, xla_allowed: bool = True, version: str = "0")
             if decision is not None:
                 return decision
 
-    # 3./4. the learned rule: the cost model on this device, corrected by measurements; else
-    # the heuristic. (Lowering for CUDA with no GPU here and no single shipped device to
-    # assume: the model needs some SM count and bandwidth, and takes an H100 SXM's.)
+    # 3./4. the learned rule: the cost model on this device, corrected by measurements (of
+    # this dtype: this part's where it has some, else another part's); else the heuristic.
+    # (Lowering for CUDA with no GPU here and no shipped device to assume: the model needs
+    # some SM count and bandwidth, and takes an H100 SXM's.)
     if device is None:
         device = Device("unknown", 90, 132, 3.35e12, local=False)
-    corrections = data if data is not None else _data.any_sm90()
+    corrections = _data.corrections_for(device.kind, dtype)
     model = _model.Problem(m, n, k, element_bytes=1 if problem.operands == "e4m3" else 2)
     predicted = predict(corrections, device, candidates, dtype, model)
     if not predicted:
-        return _heuristic.decide(problem, model, candidates, device, corrections, xla_allowed)
+        # This part's own constants where it has data (each part's cost model is fitted on it).
+        return _heuristic.decide(problem, model, candidates, device,
+                                 data if data is not None else corrections, xla_allowed)
     (best_key, best_splits), best_us = min(predicted.items(), key=lambda item: item[1])
     best = by_key[best_key]
     where = corrections.source.rsplit("/", 1)[-1]

@@ -89,7 +89,7 @@ def _e4m3_gemv(model: _model.Problem, candidates, device, constants):
     the model does not price a cluster's reduction (each extra CTA's partial sums through
     distributed shared memory, then a cluster barrier), and the measured tensor-core gemv
     splits (the 16-bit rows' tuning data, the fp8 decode runs) lose to the unsplit grid
-    wherever it holds a few dozen CTAs; fp8 tuning data will let the learned rule split."""
+    wherever it holds a few dozen CTAs; where fp8 tuning data is near, the learned rule splits."""
     rows = [c for c in candidates if c.is_gemv and not c.optional and c.runs(model.m)]
     predicted = model_alone(rows, model, device, constants, lambda config, k: (1,))
     if not predicted:
