@@ -803,11 +803,11 @@ def test_fp8_calls_follow_the_rule_without_fp8_data(no_fp8_data):
 
 @requires_kernels
 def test_fp8_decode_streams_through_the_gemv(no_fp8_data):
-    """With no fp8 data, up to 16 tokens an e4m3 call runs the tensor-core gemv row that the cost model predicts
-    fastest from its CTAs' waves and bytes, K unsplit: on a 72B-sized shape (K = 8192,
-    N = 29568) the 256-column tile (231 CTAs, each streaming twice the columns of the
-    128-column tile's 462); on a short one (K = 1024, N = 2816) too the grid is not split,
-    though it leaves SMs idle. 17 tokens leave the gemv rows."""
+    """With no fp8 data, up to 16 tokens an e4m3 call runs the tensor-core gemv row that the
+    cost model predicts fastest from its CTAs' waves and bytes, K unsplit: on a 72B-sized
+    shape (K = 8192, N = 29568) the 256-column tile (231 CTAs, each streaming twice the
+    columns of the 128-column tile's 462); on a short one (K = 1024, N = 2816) too the grid is
+    not split, though it leaves SMs idle. 17 tokens leave the gemv rows."""
     wide = _fp8_row(is_gemv=True, tile_n=256)
     device = _engine.target_device()
     constants = _data.shipped(device.kind).constants
