@@ -134,15 +134,17 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
         an fp8 ``x`` only: ``x``'s float32 per-row scales, shape ``x.shape[:-1]``. A 16-bit
         ``x`` is quantized per row first (:func:`quantize_tokens`' values, inside the
         call). fp8 calls run the fused fp8 kernel on an SM90 GPU (e4m3 weights, K a
-        multiple of 16), else the XLA path (the dequantized values in fp32 math:
-        :func:`swiglu_reference_quantized`), and return x's dtype for 16-bit ``x``,
-        bfloat16 for fp8 ``x``.
+        multiple of 16), else the XLA path: for e4m3 weights on a GPU with fp8 tensor cores
+        XLA's own scaled fp8 dot (at ``Precision.HIGHEST`` for promoted sums, at default
+        precision for fast ones), otherwise the dequantized values in fp32 math (:func:`swiglu_reference_quantized`,
+        the spec). They return x's dtype for 16-bit ``x``, bfloat16 for fp8 ``x``.
       accumulation: with fp8 weights, how the fused kernel adds the products: ``"promoted"``
         (the default: the tensor cores' partial sums, which they add at less than fp32
         precision, are promoted to fp32 after every k tile of 128) or ``"fast"`` (the tensor
         cores add all of K and promote once, as cuBLASLt's fast accumulation and XLA's fp8
-        dot at default precision do: faster, and further from the fp32 sums on long K; the
-        XLA path stays fp32 either way). 16-bit weights always accumulate in fp32.
+        dot at default precision do: faster, and further from the fp32 sums on long K; an
+        XLA path on XLA's fp8 GEMM asks it for the same). 16-bit weights always accumulate
+        in fp32.
 
     Returns:
       ``[..., N]``: products accumulated in fp32, activation and product in fp32, rounded
@@ -359,4 +361,4 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
     choice = _primitive.with_accumulation(
         selection.choose(problem, kernel=kernel, launch=forced, platform=platform), accumulation)
     # First what runs and why in plain words, then the launch, its source and its numbers.
-    return header + choice.in_words() + "\n  details: " + choice.describe(problem)
+    return header + choice.in_words() + "\n  details: " + choice.describe(problem, platform)

@@ -278,11 +278,33 @@ def with_accumulation(choice: selection.Choice, accumulation: str) -> selection.
 
 def _bind_shard(operands, *, n, weights, kernel, launch, activation, out_dtype, accumulation,
                 platform):
-    choice = choose([jax.typeof(o) for o in operands], n=n, weights=weights, kernel=kernel,
-                    launch=launch, activation=activation, out_dtype=out_dtype,
-                    platform=platform, accumulation=accumulation)
+    avals = [jax.typeof(o) for o in operands]
+    choice = choose(avals, n=n, weights=weights, kernel=kernel, launch=launch,
+                    activation=activation, out_dtype=out_dtype, platform=platform,
+                    accumulation=accumulation)
+    if choice.launch is None and weights == "fp8" and selection.xla_runs_fp8_gemm(
+            selection.Problem(avals[0].shape[0], n, avals[0].shape[1], out_dtype,
+                              operands_of(weights, avals[-2].dtype)), platform):
+        return _xla_fp8_gemm(operands, n=n, activation=activation, out_dtype=out_dtype,
+                             accumulation=accumulation)
     return swiglu_shard_p.bind(*operands, n=n, weights=weights, launch=choice.launch,
                                activation=activation, out_dtype=out_dtype)
+
+
+def _xla_fp8_gemm(operands, *, n, activation, out_dtype, accumulation):
+    """One device's fp8 call on XLA's own fp8 GEMM (selection.xla_runs_fp8_gemm): 16-bit x
+    quantized per row by XLA first."""
+    if len(operands) == 3:
+        x, data, scales = operands
+        x_q, x_scale = _quantize.quantize_tokens(x, data.dtype)
+    else:
+        x_q, x_scale, data, scales = operands
+    # Keeps x's fp8 rounding where XLA widens the GEMM's operands: its excess-precision rule
+    # would fold convert(convert(x, fp8), wider) away.
+    x_q = jax.lax.optimization_barrier(x_q)
+    return _reference.swiglu_xla_quantized_operands(
+        x_q, x_scale, data, scales, n=n, activation=activation, out_dtype=jnp.dtype(out_dtype),
+        accumulation=accumulation)
 
 
 def _partition(n, weights, kernel, launch, activation, out_dtype, accumulation, platform, mesh,

@@ -300,13 +300,23 @@ def swiglu_xla_quantized(x, weights, *, x_scale=None, activation: str = "silu",
     ``accumulation="fast"`` is the dot at default precision, for which XLA asks cuBLASLt for
     fast accumulation (the tensor cores add all of K); ``"promoted"`` the dot at
     ``Precision.HIGHEST``, which XLA runs without it."""
-    if accumulation not in ("promoted", "fast"):
-        raise ValueError(f"accumulation must be 'promoted' or 'fast', got {accumulation!r}")
     weights = _quantize.as_quantized(weights, "weights")
     x_q, x_scale = quantized_tokens(x, x_scale, weights.dtype)
+    return swiglu_xla_quantized_operands(x_q, x_scale, weights.data, weights.scales,
+                                         n=weights.n, activation=activation,
+                                         out_dtype=fp8_output_dtype(x.dtype),
+                                         accumulation=accumulation)
+
+
+def swiglu_xla_quantized_operands(x_q, x_scale, data, scales, *, n: int, activation: str,
+                                  out_dtype, accumulation: str):
+    """:func:`swiglu_xla_quantized` on operands already quantized (as
+    :func:`swiglu_reference_quantized_operands` takes them)."""
+    if accumulation not in ("promoted", "fast"):
+        raise ValueError(f"accumulation must be 'promoted' or 'fast', got {accumulation!r}")
     precision = jax.lax.Precision.HIGHEST if accumulation == "promoted" else None
-    product = jax.lax.dot_general(x_q, weights.data, (((x_q.ndim - 1,), (1,)), ((), ())),
+    product = jax.lax.dot_general(x_q, data, (((x_q.ndim - 1,), (1,)), ((), ())),
                                   precision=precision, preferred_element_type=jnp.float32)
-    product = product * x_scale[..., None] * weights.scales
-    gate, up = _layout.split_gate_up(product, weights.n)
-    return gated(gate, up, activation).astype(fp8_output_dtype(x.dtype))
+    product = product * x_scale[..., None] * scales
+    gate, up = _layout.split_gate_up(product, n)
+    return gated(gate, up, activation).astype(out_dtype)

@@ -161,16 +161,42 @@ def test_fused_mlp_leading_dims_vmap_and_explain():
     assert "float8_e4m3fn weights (per_channel)" in text and "xla on the dequantized" in text
 
 
-def test_cuda_lowering_of_the_xla_path_is_the_spec():
-    """kernel="xla" on a GPU: fp32 dots of the dequantized values behind an optimization
-    barrier (so XLA cannot turn them back into its own fp8 GEMM), no custom call."""
+def _dots(fn, x, q):
+    hlo = jax.jit(fn).trace(x, q).lower(lowering_platforms=("cuda",)).as_text()
+    assert "custom_call" not in hlo
+    return [line for line in hlo.splitlines() if "stablehlo.dot_general" in line]
+
+
+def test_cuda_lowering_of_the_xla_path_is_xlas_fp8_gemm(monkeypatch):
+    """kernel="xla" on a GPU with fp8 tensor cores (here the shipped data's part) runs XLA's
+    own scaled fp8 dot, at Precision.HIGHEST for promoted sums and at default precision
+    for fast ones; e5m2 weights, K not a multiple of 16 and a GPU without fp8 tensor cores
+    run the spec: fp32 dots of the dequantized values behind an optimization barrier (so
+    XLA cannot turn them back into its own fp8 GEMM). No custom call either way."""
+    x = jax.ShapeDtypeStruct((8, 64), jnp.bfloat16)
     q = quantize_weights(*random_weights(jax.random.key(9), 64, 64, jnp.float32))
-    fn = functools.partial(swiglu, kernel="xla")
-    hlo = jax.jit(fn).trace(jax.ShapeDtypeStruct((8, 64), jnp.bfloat16), q).lower(
-        lowering_platforms=("cuda",)).as_text()
-    dots = [line for line in hlo.splitlines() if "stablehlo.dot_general" in line]
-    assert len(dots) == 2 and all("xf32>" in d and "f8E4M3FN" not in d for d in dots)
-    assert "optimization_barrier" in hlo and "custom_call" not in hlo
+    for accumulation, precision in (("promoted", "HIGHEST"), ("fast", None)):
+        dots = _dots(functools.partial(swiglu, kernel="xla", accumulation=accumulation), x, q)
+        assert len(dots) == 1 and "tensor<8x64xf8E4M3FN>, tensor<128x64xf8E4M3FN>" in dots[0]
+        assert "-> tensor<8x128xf32>" in dots[0]
+        assert (precision in dots[0]) if precision else ("HIGHEST" not in dots[0])
+    text = jax_swiglu.explain(x, q, kernel="xla", platform="cuda")
+    assert "xla fp8 GEMM (promoted sums)" in text
+
+    def spec(dots):
+        return len(dots) == 2 and all("xf32>" in d and "f8E" not in d for d in dots)
+    e5m2 = quantize_weights(*random_weights(jax.random.key(9), 64, 64, jnp.float32),
+                            dtype=jnp.float8_e5m2)
+    assert spec(_dots(functools.partial(swiglu, kernel="xla"), x, e5m2))
+    k72 = quantize_weights(*random_weights(jax.random.key(9), 72, 64, jnp.float32))
+    assert spec(_dots(functools.partial(swiglu, kernel="xla"),
+                      jax.ShapeDtypeStruct((8, 72), jnp.bfloat16), k72))
+    from jax_swiglu.selection import _device, _engine
+    monkeypatch.setattr(_engine, "target_device",
+                        lambda: _device.Device("NVIDIA A100-SXM4-80GB", 80, 108, 2.0e12))
+    assert spec(_dots(functools.partial(swiglu, kernel="xla"), x, q))
+    assert "xla on the dequantized inputs" in jax_swiglu.explain(x, q, kernel="xla",
+                                                                  platform="cuda")
 
 
 def test_the_xla_baseline_is_one_fp8_dot():

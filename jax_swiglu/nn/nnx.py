@@ -432,7 +432,7 @@ class QuantizedParam(nnx.Variable):
 class Fp8SwiGLUMLP(nnx.Module):
     """The gated MLP block with gate and up in fp8 (:func:`jax_swiglu.quantize_weights`),
     through :func:`jax_swiglu.fused_mlp`: on an SM90 GPU the fused fp8 kernel (x quantized per
-    row first), elsewhere the XLA path (the fp8 spec's fp32 math on the dequantized values).
+    row first), elsewhere the XLA path (:func:`jax_swiglu.swiglu` says which).
     The down projection stays in ``dtype``, or with ``down`` a
     :class:`jax_swiglu.QuantizedDown` (:meth:`quantize` with ``down=True``) runs in fp8 too:
     the whole block in fp8. :func:`swap_mlp_blocks` with ``fp8=True`` swaps a model's blocks

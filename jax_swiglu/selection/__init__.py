@@ -77,11 +77,14 @@ class Choice:
         asked = self.source.rsplit(", then ", 1)[0] if ", then " in self.source else ""
         return f"{what}, {asked + ' asked for, then ' if asked else ''}{why}"
 
-    def describe(self, problem: Problem | None = None) -> str:
+    def describe(self, problem: Problem | None = None, platform: str = "cuda") -> str:
         by = f"{self.source}: " if self.source else ""
         if self.launch is None:
-            fp8 = problem is not None and problem.operands != "16bit"
-            return f"xla{' on the dequantized inputs' if fp8 else ''} ({by}{self.reason})"
+            what = ""
+            if problem is not None and problem.operands != "16bit":
+                what = (f" fp8 GEMM ({problem.accumulation} sums)"
+                        if xla_runs_fp8_gemm(problem, platform) else " on the dequantized inputs")
+            return f"xla{what} ({by}{self.reason})"
         target = (f"{self.launch.target(problem.activation, problem.dtype)}, "
                   if problem is not None else "")
         return f"{self.launch.family} [{target}{self.launch.describe()}] ({by}{self.reason})"
@@ -136,6 +139,19 @@ def local_gpu_is_sm90() -> bool | None:
     """True/False for the local CUDA GPU; None when there is none (cross-lowering)."""
     device = _device.local_device()
     return None if device is None else device.compute_capability == 90
+
+
+def xla_runs_fp8_gemm(problem: Problem, platform: str) -> bool:
+    """Whether an fp8 call's XLA path is XLA's own fp8 GEMM (``swiglu_xla_quantized``'s, in
+    the call's accumulation) rather than the spec's fp32 math on the dequantized values: e4m3
+    operands with K a multiple of 16 on CUDA, for a GPU with fp8 tensor cores (SM89 on; with
+    no GPU here, the shipped data's part). Its promoted sums are as far from the spec as the
+    fused kernel's default, and it streams the fp8 weights, where the spec widens them to
+    fp32 on every call."""
+    if platform != "cuda" or problem.operands != "e4m3" or problem.k % 16:
+        return False
+    device = _engine.target_device()
+    return device is not None and device.compute_capability >= 89
 
 
 def kernels_unusable_reason() -> str | None:

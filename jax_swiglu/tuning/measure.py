@@ -198,8 +198,8 @@ def cupti_us(fn, args_list, iterations: int = 5) -> float:
 
 def time_through_jax(problem: selection.Problem, launches, *, xla: bool = True, key=None,
                      iterations: int = 5) -> dict[str, float]:
-    """CUPTI times of the XLA path ("xla") and of the given fused launches (each forced with
-    ``launch=``), on rotated inputs: launch id -> us."""
+    """CUPTI times of the XLA path ("xla", in the call's accumulation) and of the given fused
+    launches (each forced with ``launch=``), on rotated inputs: launch id -> us."""
     from .. import _api
 
     key = jax.random.key(1) if key is None else key
@@ -208,7 +208,8 @@ def time_through_jax(problem: selection.Problem, launches, *, xla: bool = True, 
     results = {}
     if xla:
         results["xla"] = cupti_us(
-            lambda x, w: _api.swiglu(x, w, kernel="xla", activation=activation), args_list,
+            lambda x, w: _api.swiglu(x, w, kernel="xla", activation=activation,
+                                     accumulation=problem.accumulation), args_list,
             iterations)
     for launch in launches:
         compiled = jax.jit(lambda x, w, launch=launch: _api.swiglu(

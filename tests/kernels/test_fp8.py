@@ -85,6 +85,21 @@ def test_fast_accumulation_as_a_model_asks_for_it(key):
     assert rel < 1e-2, rel
 
 
+@pytest.mark.parametrize("accumulation", ["promoted", "fast"])
+@pytest.mark.parametrize("m, k, n", [(1, 4096, 2816), (300, 2560, 9728), (2048, 8192, 1000)])
+def test_the_xla_path_is_xlas_fp8_gemm(m, k, n, accumulation, key):
+    """kernel="xla" on e4m3 weights runs XLA's own fp8 GEMM in the call's accumulation:
+    within the criterion as the fused kernel in that accumulation is, fp8 x too."""
+    check(m, k, n, key, kernel="xla", operands="e4m3", accumulation=accumulation)
+    x, q = inputs(key, m, k, n, jnp.dtype(jnp.bfloat16), "e4m3")
+    x_q, x_scale = quantize_tokens(x)
+    a = jax.jit(lambda x, q: swiglu(x, q, kernel="xla", accumulation=accumulation))(x, q)
+    b = jax.jit(lambda x_q, s, q: swiglu(x_q, q, x_scale=s, kernel="xla",
+                                         accumulation=accumulation))(x_q, x_scale, q)
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                               rtol=1e-2, atol=1e-3)
+
+
 @pytest.mark.parametrize("m", [1, 64, 2048])
 def test_float16_output(m, key):
     check(m, 1024, 2816, key, operands="e4m3", dtype=jnp.float16)
