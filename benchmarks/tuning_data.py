@@ -2,8 +2,8 @@
 
     python -m benchmarks.tuning_data calibration.json [more.json ...]
     python -m benchmarks.tuning_data held-out.json --report-only --report fit-report.md
-    python -m benchmarks.tuning_data --cross-validate --report cv-report.md
-    python -m benchmarks.tuning_data --cross-validate m --report cv-m-report.md
+    python -m benchmarks.tuning_data --cross-validate --data jax_swiglu/data/NVIDIA_H200.json
+    python -m benchmarks.tuning_data --cross-validate m --data <file> --report cv-m-report.md
 
 Merges each calibration (benchmarks/calibrate.py) into jax_swiglu/data/<device kind>.json:
 the file is the union of the runs, each entry (one dtype, M, N, K) from the newest run that

@@ -163,8 +163,7 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
         why = _xla_only_reason(x.dtype, activation)
         if why:
             _refuse_forced_fused(kernel, launch, why)
-            return _reference.swiglu_reference_quantized(x, packed, x_scale=x_scale,
-                                                         activation=activation)
+            return _fp8_on_xla(x, packed, x_scale, activation, accumulation)
         forced = _requested_launch(launch, kernel, "fp8", packed.n, packed.k, packed.dtype)
         return _swiglu_fp8(x, packed, kernel=kernel, launch=forced, activation=activation,
                            x_scale=x_scale, accumulation=accumulation)
@@ -187,6 +186,33 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
                       kernel=kernel, launch=forced, activation=activation,
                       out_dtype=jnp.dtype(x.dtype).name, accumulation="promoted")
     return y.reshape(*lead, packed.n)
+
+
+def _xla_fp8_gemm_runs(x, weights: _quantize.QuantizedWeights, accumulation) -> bool:
+    """Whether a CUDA lowering of an fp8 call XLA runs whole is XLA's fp8 GEMM
+    (selection.xla_runs_fp8_gemm), not the spec."""
+    problem = selection.Problem(max(math.prod(x.shape[:-1]), 1), weights.n, weights.k,
+                                "bfloat16", _primitive.operands_of("fp8", weights.dtype),
+                                accumulation=accumulation)
+    return selection.xla_runs_fp8_gemm(problem, "cuda")
+
+
+def _fp8_on_xla(x, weights: _quantize.QuantizedWeights, x_scale, activation, accumulation):
+    """An fp8 call no kernel can run (_xla_only_reason): on CUDA XLA's fp8 GEMM where the GPU
+    has one, as the primitive's XLA path; elsewhere the spec."""
+    def spec(x, weights, x_scale):
+        return _reference.swiglu_reference_quantized(x, weights, x_scale=x_scale,
+                                                     activation=activation)
+    if not _xla_fp8_gemm_runs(x, weights, accumulation):
+        return spec(x, weights, x_scale)
+
+    def gemm(x, weights, x_scale):
+        tokens = (x,) if x_scale is None else (x, x_scale)
+        return _primitive.xla_fp8_gemm((*tokens, weights.data, weights.scales), n=weights.n,
+                                       activation=activation,
+                                       out_dtype=_reference.fp8_output_dtype(x.dtype),
+                                       accumulation=accumulation)
+    return jax.lax.platform_dependent(x, weights, x_scale, default=spec, cuda=gemm)
 
 
 def _swiglu_fp8(x, weights: _quantize.QuantizedWeights, *, kernel, launch, activation, x_scale,
@@ -354,7 +380,11 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
     if m == 0:
         return header + "nothing runs (no tokens: the result is an empty array)"
     if why:
-        return header + f"runs plain XLA, since {why}\n  details: xla (the XLA reference)"
+        what = "the XLA reference"
+        if weights == "fp8" and platform == "cuda" and _xla_fp8_gemm_runs(x, packed,
+                                                                          accumulation):
+            what = f"XLA's fp8 GEMM, {accumulation} sums"
+        return header + f"runs plain XLA, since {why}\n  details: xla ({what})"
     problem = selection.Problem(m, packed.n, packed.k, out_dtype,
                                 _primitive.operands_of(weights, packed.dtype), activation,
                                 accumulation)

@@ -285,14 +285,15 @@ def _bind_shard(operands, *, n, weights, kernel, launch, activation, out_dtype, 
     if choice.launch is None and weights == "fp8" and selection.xla_runs_fp8_gemm(
             selection.Problem(avals[0].shape[0], n, avals[0].shape[1], out_dtype,
                               operands_of(weights, avals[-2].dtype)), platform):
-        return _xla_fp8_gemm(operands, n=n, activation=activation, out_dtype=out_dtype,
-                             accumulation=accumulation)
+        return xla_fp8_gemm(operands, n=n, activation=activation, out_dtype=out_dtype,
+                            accumulation=accumulation)
     return swiglu_shard_p.bind(*operands, n=n, weights=weights, launch=choice.launch,
                                activation=activation, out_dtype=out_dtype)
 
 
-def _xla_fp8_gemm(operands, *, n, activation, out_dtype, accumulation):
-    """One device's fp8 call on XLA's own fp8 GEMM (selection.xla_runs_fp8_gemm): 16-bit x
+def xla_fp8_gemm(operands, *, n, activation, out_dtype, accumulation):
+    """An fp8 call on XLA's own fp8 GEMM (selection.xla_runs_fp8_gemm), operands as the
+    primitive takes them (x [..., K] or x_q and x_scale, then data and scales): 16-bit x
     quantized per row by XLA first."""
     if len(operands) == 3:
         x, data, scales = operands

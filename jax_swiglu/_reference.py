@@ -252,6 +252,14 @@ def swiglu_reference_quantized_operands(x_q, x_scale, data, scales, *, n: int, a
     return gated(gate, up, activation).astype(out_dtype)
 
 
+def fp8_dot_precision(accumulation: str):
+    """The precision of an XLA fp8 dot that adds as ``accumulation`` says: HIGHEST, for which
+    XLA asks cuBLASLt for promoted sums, or DEFAULT, fast accumulation. DEFAULT is named:
+    None would take jax's default_matmul_precision, which may be HIGHEST."""
+    return (jax.lax.Precision.HIGHEST if accumulation == "promoted"
+            else jax.lax.Precision.DEFAULT)
+
+
 def down_projection_quantized(h, down, *, reduce_dtype, accumulation: str = "promoted",
                               out_sharding=None):
     """The down projection of a block in fp8 (:func:`jax_swiglu.fused_mlp` with
@@ -262,7 +270,7 @@ def down_projection_quantized(h, down, *, reduce_dtype, accumulation: str = "pro
     sums, as ``accumulation`` says), both scales applied in fp32, the result in
     ``reduce_dtype``."""
     h_q, h_scale = _quantize.quantize_tokens(h, down.dtype)
-    precision = jax.lax.Precision.HIGHEST if accumulation == "promoted" else None
+    precision = fp8_dot_precision(accumulation)
     product = jax.lax.dot_general(h_q, down.data, (((h_q.ndim - 1,), (1,)), ((), ())),
                                   precision=precision, preferred_element_type=jnp.float32,
                                   out_sharding=out_sharding)
@@ -314,7 +322,7 @@ def swiglu_xla_quantized_operands(x_q, x_scale, data, scales, *, n: int, activat
     :func:`swiglu_reference_quantized_operands` takes them)."""
     if accumulation not in ("promoted", "fast"):
         raise ValueError(f"accumulation must be 'promoted' or 'fast', got {accumulation!r}")
-    precision = jax.lax.Precision.HIGHEST if accumulation == "promoted" else None
+    precision = fp8_dot_precision(accumulation)
     product = jax.lax.dot_general(x_q, data, (((x_q.ndim - 1,), (1,)), ((), ())),
                                   precision=precision, preferred_element_type=jnp.float32)
     product = product * x_scale[..., None] * scales

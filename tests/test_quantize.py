@@ -170,7 +170,7 @@ def _dots(fn, x, q):
 def test_cuda_lowering_of_the_xla_path_is_xlas_fp8_gemm(monkeypatch):
     """kernel="xla" on a GPU with fp8 tensor cores (here the shipped data's part) runs XLA's
     own scaled fp8 dot, at Precision.HIGHEST for promoted sums and at default precision
-    for fast ones; e5m2 weights, K not a multiple of 16 and a GPU without fp8 tensor cores
+    for fast ones, as do calls no kernel can run; e5m2 weights, K not a multiple of 16 and a GPU without fp8 tensor cores
     run the spec: fp32 dots of the dequantized values behind an optimization barrier (so
     XLA cannot turn them back into its own fp8 GEMM). No custom call either way."""
     x = jax.ShapeDtypeStruct((8, 64), jnp.bfloat16)
@@ -182,6 +182,12 @@ def test_cuda_lowering_of_the_xla_path_is_xlas_fp8_gemm(monkeypatch):
         assert (precision in dots[0]) if precision else ("HIGHEST" not in dots[0])
     text = jax_swiglu.explain(x, q, kernel="xla", platform="cuda")
     assert "xla fp8 GEMM (promoted sums)" in text
+    # A call no kernel can run (a callable activation) takes the same XLA path.
+    relu = lambda g: jnp.maximum(g, 0.0)  # noqa: E731
+    dots = _dots(functools.partial(swiglu, activation=relu), x, q)
+    assert len(dots) == 1 and "tensor<8x64xf8E4M3FN>, tensor<128x64xf8E4M3FN>" in dots[0]
+    assert "xla (XLA's fp8 GEMM, promoted sums)" in jax_swiglu.explain(
+        x, q, activation=relu, platform="cuda")
 
     def spec(dots):
         return len(dots) == 2 and all("xf32>" in d and "f8E" not in d for d in dots)
@@ -195,8 +201,11 @@ def test_cuda_lowering_of_the_xla_path_is_xlas_fp8_gemm(monkeypatch):
     monkeypatch.setattr(_engine, "target_device",
                         lambda: _device.Device("NVIDIA A100-SXM4-80GB", 80, 108, 2.0e12))
     assert spec(_dots(functools.partial(swiglu, kernel="xla"), x, q))
+    assert spec(_dots(functools.partial(swiglu, activation=relu), x, q))
     assert "xla on the dequantized inputs" in jax_swiglu.explain(x, q, kernel="xla",
                                                                   platform="cuda")
+    assert "xla (the XLA reference)" in jax_swiglu.explain(x, q, activation=relu,
+                                                            platform="cuda")
 
 
 def test_the_xla_baseline_is_one_fp8_dot():
@@ -238,7 +247,7 @@ def test_cuda_lowering_runs_the_fp8_launch_the_selection_picks(m, x_dtype, suffi
     assert "stablehlo.dot_general" not in hlo
     assert ("stablehlo.reduce" in hlo) != _primitive.QUANTIZE_KERNEL
     text = jax_swiglu.explain(jax.ShapeDtypeStruct((m, 256), x_dtype), q, platform="cuda")
-    assert f"config {choice.launch.config}" in text and "heuristic" in text
+    assert f"config {choice.launch.config}" in text and choice.source in text
 
 
 @requires_kernels

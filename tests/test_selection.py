@@ -237,12 +237,13 @@ def test_fp8_measurements_decide_fp8_calls_as_16_bit_ones(engine):
     assert decide(777, n, k).source == "heuristic"
 
 
-def test_another_sm_count_is_a_heuristic_on_that_gpu(engine):
+def test_another_sm_count_is_corrected_as_another_gpu(engine):
     engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
     engine["device"] = _device.Device("NVIDIA H100 PCIe", 90, 114, 2.0e12)
     decision = decide(8)
-    assert decision.source == "heuristic"
+    assert decision.source == _engine.OTHER_GPU_DATA
     assert "114 SMs, corrected by the measurements of NVIDIA H200" in decision.reason
+    assert "corrected by another GPU's measurements" in selection._WHY_LAUNCH[decision.source]
 
 
 # (the engine fixture replaces these)
@@ -259,8 +260,11 @@ def test_each_dtype_is_corrected_by_the_part_that_measured_it(engine, monkeypatc
     n, k = 14336, 4096
     sixteen_bit = document([entry(m, n, k, {PREFILL: 3.0 * m, DECODE: 2.0 * m + 40.0})
                             for m in (8, 64, 512)])
+    sixteen_bit["grouped_entries"] = [{
+        "dtype": "bfloat16", "m": 512, "n": 768, "k": 2048, "experts": 128,
+        "routing": "balanced", "launch_us": {PREFILL.key: 50.0}, "calibration": "c1"}]
     fp8_entries = [entry(m, n, k, {FP8_TOKENS: 1.0 * m + 60.0, FP8_SWAP: 1.5 * m})
-                   for m in (777, 2048)]
+                   for m in (777, 1400, 2048, 4096, 8192)]
     for e in fp8_entries:
         e["dtype"] = "float8_e4m3fn"
     fp8_only = document(fp8_entries, h100)
@@ -270,12 +274,14 @@ def test_each_dtype_is_corrected_by_the_part_that_measured_it(engine, monkeypatc
     monkeypatch.setattr(_data, "shipped", parts.get)
     monkeypatch.setattr(_data, "shipped_kinds", lambda: tuple(sorted(parts)))
     monkeypatch.setattr(_data, "any_sm90", _SHIPPED_PART_MEASURED_MOST)
-    assert _data.any_sm90() is parts[H200.kind]
+    assert _data.any_sm90() is parts[h100.kind]  # 5 problems measured against 4
     assert _data.corrections_for(h100.kind, "bfloat16") is parts[H200.kind]
     assert _data.corrections_for(h100.kind, "float8_e4m3fn") is parts[h100.kind]
     assert _data.corrections_for(H200.kind, "float8_e4m3fn") is parts[h100.kind]
     assert _data.corrections_for(H200.kind, "float8_e4m3fn/fast") is parts[H200.kind]
+    assert _data.corrections_for(h100.kind, "bfloat16", grouped=True) is parts[H200.kind]
     assert _data.corrections_for("NVIDIA H20", "bfloat16", grouped=True) is parts[H200.kind]
+    assert _data.corrections_for("NVIDIA H20", "float8_e4m3fn/fast") is parts[h100.kind]
 
     def fp8(m):
         return _engine.decide(selection.Problem(m, n, k, "bfloat16", "e4m3"),
@@ -283,18 +289,33 @@ def test_each_dtype_is_corrected_by_the_part_that_measured_it(engine, monkeypatc
 
     engine["device"] = h100
     on_h100 = decide(100, n, k)
-    assert on_h100.source == "heuristic" and "corrected by the measurements of NVIDIA H200" in (
-        on_h100.reason)
+    assert on_h100.source == _engine.OTHER_GPU_DATA and (
+        "corrected by the measurements of NVIDIA H200" in on_h100.reason)
     assert fp8(777).source == "tuning data (measured)"
     assert fp8(777).launch == _launch.Launch(FP8_TOKENS.id)  # 837 us against 1165.5
     assert fp8(1024).source == "tuning data (learned rule)"
     engine["device"] = H200
     assert decide(8, n, k).source == "tuning data (measured)"
     on_h200 = fp8(777)
-    assert on_h200.source == "heuristic" and (
+    assert on_h200.source == _engine.OTHER_GPU_DATA and (
         "corrected by the measurements of NVIDIA H100 80GB HBM3" in on_h200.reason)
     monkeypatch.setattr(_engine, "local_device", lambda: None)
-    assert _ENGINE_TARGET_DEVICE().kind == H200.kind
+    assert _ENGINE_TARGET_DEVICE().kind == h100.kind  # the part measured most
+
+
+@requires_kernels
+def test_grouped_calls_on_a_gpu_without_grouped_data_take_another_gpus(monkeypatch):
+    """The shipped H100 data measured no grouped calls: on an H100 the grouped choice is the
+    cost model on its SMs, corrected by the H200's grouped measurements, and says so."""
+    h100 = _device.device_from_dict(_data.shipped("NVIDIA H100 80GB HBM3").device, local=True)
+    assert not _data.shipped(h100.kind).grouped_entries
+    measured = _data.shipped(H200.kind).grouped_entries[0]
+    monkeypatch.setattr(_engine, "target_device", lambda: h100)
+    choice = selection.choose_grouped(selection.GroupedProblem(
+        measured.m, measured.n, measured.k, measured.experts, "bfloat16"))
+    assert choice.source == _engine.OTHER_GPU_DATA, choice
+    assert "grouped measurements of NVIDIA H200" in choice.reason
+    assert "another GPU's measurements" in choice.in_words()
 
 
 @requires_kernels
@@ -773,8 +794,10 @@ def test_fp8_rule_follows_tokens_waves_and_the_sm_count():
 
 @pytest.fixture
 def no_fp8_data(monkeypatch):
-    """The shipped data of the H200 alone, which measured no fp8 calls."""
-    monkeypatch.setattr(_data, "shipped_kinds", lambda: ("NVIDIA H200",))
+    """The shipped data of the H200 alone, which measured no fp8 calls (on any GPU here)."""
+    h200_data = _data.shipped(H200.kind)
+    monkeypatch.setattr(_data, "shipped_kinds", lambda: (H200.kind,))
+    monkeypatch.setattr(_data, "shipped", lambda kind: h200_data if kind == H200.kind else None)
 
 
 @requires_kernels
@@ -810,7 +833,7 @@ def test_fp8_decode_streams_through_the_gemv(no_fp8_data):
     not split, though it leaves SMs idle. 17 tokens leave the gemv rows."""
     wide = _fp8_row(is_gemv=True, tile_n=256)
     device = _engine.target_device()
-    constants = _data.shipped(device.kind).constants
+    constants = _data.any_sm90().constants
     gemv_rows = [row for row in _fp8_rows() if row.is_gemv and not row.optional]
     assert {row.tile_n for row in gemv_rows} == {128, 256}
     for (n, k) in ((29568, 8192), (2816, 1024), (4096, 4096)):

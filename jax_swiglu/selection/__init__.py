@@ -91,16 +91,20 @@ class Choice:
 
 
 # Each selection step (Choice.source) in plain words, for a fused pick and for XLA.
+OTHER_GPU_DATA = _engine.OTHER_GPU_DATA
 _WHY_LAUNCH = {
     "autotune cache": "the fastest when autotuned on this GPU",
     "tuning data (measured)": "the fastest measured at this shape on this kind of GPU",
     "tuning data (learned rule)": "predicted fastest from this kind of GPU's measurements nearby",
+    OTHER_GPU_DATA: "predicted fastest by this GPU's cost model, corrected by another GPU's "
+                    "measurements nearby",
     "heuristic": "predicted fastest by the cost model alone (no measurement near)",
 }
 _WHY_XLA = {
     "autotune cache": "the fastest when autotuned on this GPU",
     "tuning data (measured)": "measured faster than every fused launch at this shape",
     "tuning data (learned rule)": "predicted faster than every fused launch here",
+    OTHER_GPU_DATA: "predicted faster than every fused launch from another GPU's measurements",
     "heuristic": "predicted faster than every fused launch by the cost model alone",
     "override": "as asked (kernel='xla')",
 }
@@ -392,7 +396,8 @@ def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
         return (f"config {i} {times[i]['balanced']:.1f} us balanced, "
                 f"{times[i]['skewed']:.1f} us skewed")
     runner_up = f"; next {said(ranked[1])}" if len(ranked) > 1 else ""
-    rule = "tuning data (learned rule)" if corrected else "heuristic"
+    rule = ("heuristic" if not corrected else "tuning data (learned rule)"
+            if data.device["kind"] == device.kind else OTHER_GPU_DATA)
     source = rule if kernel == "auto" else f"kernel={kernel!r}, then {rule}"
     basis = (f"the cost model on {device.sm_count} SMs, corrected by the grouped measurements "
              f"of {data.device['kind']} in {data.source.rsplit('/', 1)[-1]}" if corrected

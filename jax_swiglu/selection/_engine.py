@@ -5,12 +5,12 @@
      call's dtype, at a measured problem: its fastest candidate there;
   3. the same data's learned rule anywhere else: the cost model on this GPU, corrected by
      the nearest measurements (_data.py);
-  4. a heuristic where this GPU's data does not cover the dtype or the candidates
-     (_heuristic.py): the cost model with this GPU's SM count and bandwidth, corrected by the
-     measurements of the dtype on another shipped SM90 part where there are some; else for
-     16-bit operands the cost model alone, for e4m3 operands a rule of waves;
-  5. the XLA path, where no fused candidate can run the problem.
-The XLA path is a candidate at steps 2-4 like any launch: where it measured (or is predicted)
+  4. where this GPU's data does not cover the dtype (or there is none): the cost model on
+     this GPU, corrected by another shipped SM90 part's measurements of the dtype;
+  5. a heuristic where no data covers the candidates (_heuristic.py): for 16-bit operands the
+     cost model alone, for e4m3 operands a rule of waves;
+  6. the XLA path, where no fused candidate can run the problem.
+The XLA path is a candidate at steps 2-5 like any launch: where it measured (or is predicted)
 faster, it wins. Every kernel family and operand type is a set of candidates of this one
 engine; the caller passes the ones that can run the problem.
 """
@@ -22,6 +22,11 @@ import dataclasses
 from .. import _launch, _native
 from . import _cache, _data, _heuristic, _model
 from ._device import Device, device_from_dict, local_device
+
+
+# The source of a pick the cost model made on this GPU, corrected by the measurements of
+# another part (an unmeasured GPU, or a dtype its data did not measure).
+OTHER_GPU_DATA = "another GPU's tuning data"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +63,7 @@ def _runner_up(times: dict, best) -> str:
 
 
 def decide(problem, candidates, *, xla_allowed: bool = True, version: str = "0") -> Decision:
-    """Steps 1-5 of the module docstring for ``problem`` (a selection.Problem) among
+    """Steps 1-6 of the module docstring for ``problem`` (a selection.Problem) among
     ``candidates`` (rows that can run it); ``xla_allowed`` False leaves XLA out."""
     if not candidates:
         return Decision(None, "no candidate",
@@ -112,7 +117,7 @@ def decide(problem, candidates, *, xla_allowed: bool = True, version: str = "0")
         source = "tuning data (learned rule)"
         basis = f"the cost model corrected by the nearest measurements in {where}"
     else:
-        source = "heuristic"
+        source = OTHER_GPU_DATA
         basis = (f"the cost model on {device.sm_count} SMs, corrected by the measurements of "
                  f"{corrections.device['kind']} in {where}")
     ratio = corrections.xla_ratio(dtype, m, n, k)

@@ -12,7 +12,7 @@ from jax_swiglu import (Launch, _native, _primitive, dequantize_down, fused_mlp,
                         quantize_tokens, swiglu)
 from jax_swiglu._reference import fused_mlp_reference_quantized
 
-from criterion import FAST_OFF_PER_MILLION, FEW_OFF_PER_MILLION, check, inputs, rows
+from criterion import FAST_OFF_PER_MILLION, FEW_OFF_PER_MILLION, check, errors, inputs, rows
 
 FP8_ROWS = [r.id for r in rows(operands="e4m3")]
 
@@ -89,15 +89,33 @@ def test_fast_accumulation_as_a_model_asks_for_it(key):
 @pytest.mark.parametrize("m, k, n", [(1, 4096, 2816), (300, 2560, 9728), (2048, 8192, 1000)])
 def test_the_xla_path_is_xlas_fp8_gemm(m, k, n, accumulation, key):
     """kernel="xla" on e4m3 weights runs XLA's own fp8 GEMM in the call's accumulation:
-    within the criterion as the fused kernel in that accumulation is, fp8 x too."""
+    within the criterion as the fused kernel in that accumulation is, fp8 x too. From two
+    tokens the compiled program has a GEMM on the fp8 operands (at one, XLA may reduce)."""
     check(m, k, n, key, kernel="xla", operands="e4m3", accumulation=accumulation)
     x, q = inputs(key, m, k, n, jnp.dtype(jnp.bfloat16), "e4m3")
     x_q, x_scale = quantize_tokens(x)
-    a = jax.jit(lambda x, q: swiglu(x, q, kernel="xla", accumulation=accumulation))(x, q)
+    on_xla = jax.jit(lambda x, q: swiglu(x, q, kernel="xla", accumulation=accumulation))
+    if m > 1:
+        gemms = [line for line in on_xla.lower(x, q).compile().as_text().splitlines()
+                 if "__cublas$lt$matmul" in line or "__triton_gemm" in line]
+        assert any("f8e4m3fn" in line for line in gemms), gemms
+    a = on_xla(x, q)
     b = jax.jit(lambda x_q, s, q: swiglu(x_q, q, x_scale=s, kernel="xla",
                                          accumulation=accumulation))(x_q, x_scale, q)
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                rtol=1e-2, atol=1e-3)
+
+
+def test_a_callable_activation_runs_on_xlas_fp8_gemm(key):
+    """An activation no kernel compiles, on e4m3 weights: XLA's fp8 GEMM, within the
+    criterion's fp8 allowance."""
+    def relu(g):
+        return jnp.maximum(g, 0.0)
+    m, n = 300, 2000
+    x, q = inputs(key, m, 2560, n, jnp.dtype(jnp.bfloat16), "e4m3")
+    y = jax.jit(lambda x, q: swiglu(x, q, activation=relu))(x, q)
+    off, rel_fro, _ = (float(v) for v in errors(y, x, q, relu))
+    assert off <= max(1.0, FEW_OFF_PER_MILLION * m * n / 1e6) and rel_fro < 1e-2, (off, rel_fro)
 
 
 @pytest.mark.parametrize("m", [1, 64, 2048])
