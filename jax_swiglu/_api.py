@@ -136,8 +136,9 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
         call). fp8 calls run the fused fp8 kernel on an SM90 GPU (e4m3 weights, K a
         multiple of 16), else the XLA path: for e4m3 weights on a GPU with fp8 tensor cores
         XLA's own scaled fp8 dot (at ``Precision.HIGHEST`` for promoted sums, at default
-        precision for fast ones), otherwise the dequantized values in fp32 math (:func:`swiglu_reference_quantized`,
-        the spec). They return x's dtype for 16-bit ``x``, bfloat16 for fp8 ``x``.
+        precision for fast ones), otherwise the dequantized values in fp32 math
+        (:func:`swiglu_reference_quantized`, the spec). They return x's dtype for 16-bit
+        ``x``, bfloat16 for fp8 ``x``.
       accumulation: with fp8 weights, how the fused kernel adds the products: ``"promoted"``
         (the default: the tensor cores' partial sums, which they add at less than fp32
         precision, are promoted to fp32 after every k tile of 128) or ``"fast"`` (the tensor

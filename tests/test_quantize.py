@@ -170,9 +170,10 @@ def _dots(fn, x, q):
 def test_cuda_lowering_of_the_xla_path_is_xlas_fp8_gemm(monkeypatch):
     """kernel="xla" on a GPU with fp8 tensor cores (here the shipped data's part) runs XLA's
     own scaled fp8 dot, at Precision.HIGHEST for promoted sums and at default precision
-    for fast ones, as do calls no kernel can run; e5m2 weights, K not a multiple of 16 and a GPU without fp8 tensor cores
-    run the spec: fp32 dots of the dequantized values behind an optimization barrier (so
-    XLA cannot turn them back into its own fp8 GEMM). No custom call either way."""
+    for fast ones, as do calls no kernel can run; e5m2 weights, K not a multiple of 16 and
+    a GPU without fp8 tensor cores run the spec: fp32 dots of the dequantized values behind
+    an optimization barrier (so XLA cannot turn them back into its own fp8 GEMM). No custom
+    call either way."""
     x = jax.ShapeDtypeStruct((8, 64), jnp.bfloat16)
     q = quantize_weights(*random_weights(jax.random.key(9), 64, 64, jnp.float32))
     for accumulation, precision in (("promoted", "HIGHEST"), ("fast", None)):
