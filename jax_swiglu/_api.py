@@ -189,13 +189,10 @@ def swiglu(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
     return y.reshape(*lead, packed.n)
 
 
-def _xla_fp8_gemm_runs(x, weights: _quantize.QuantizedWeights, accumulation) -> bool:
-    """Whether a CUDA lowering of an fp8 call XLA runs whole is XLA's fp8 GEMM
-    (selection.xla_runs_fp8_gemm), not the spec."""
-    problem = selection.Problem(max(math.prod(x.shape[:-1]), 1), weights.n, weights.k,
-                                "bfloat16", _primitive.operands_of("fp8", weights.dtype),
-                                accumulation=accumulation)
-    return selection.xla_runs_fp8_gemm(problem, "cuda")
+def _xla_fp8_gemm_runs(weights: _quantize.QuantizedWeights) -> bool:
+    """Whether a CUDA lowering of an fp8 call XLA runs whole is XLA's fp8 GEMM, not the spec."""
+    return selection.xla_runs_fp8_gemm(_primitive.operands_of("fp8", weights.dtype), weights.k,
+                                       "cuda")
 
 
 def _fp8_on_xla(x, weights: _quantize.QuantizedWeights, x_scale, activation, accumulation):
@@ -204,7 +201,7 @@ def _fp8_on_xla(x, weights: _quantize.QuantizedWeights, x_scale, activation, acc
     def spec(x, weights, x_scale):
         return _reference.swiglu_reference_quantized(x, weights, x_scale=x_scale,
                                                      activation=activation)
-    if not _xla_fp8_gemm_runs(x, weights, accumulation):
+    if not _xla_fp8_gemm_runs(weights):
         return spec(x, weights, x_scale)
 
     def gemm(x, weights, x_scale):
@@ -382,8 +379,7 @@ def explain(x, packed, *, kernel: str = "auto", launch=None, activation="silu",
         return header + "nothing runs (no tokens: the result is an empty array)"
     if why:
         what = "the XLA reference"
-        if weights == "fp8" and platform == "cuda" and _xla_fp8_gemm_runs(x, packed,
-                                                                          accumulation):
+        if weights == "fp8" and platform == "cuda" and _xla_fp8_gemm_runs(packed):
             what = f"XLA's fp8 GEMM, {accumulation} sums"
         return header + f"runs plain XLA, since {why}\n  details: xla ({what})"
     problem = selection.Problem(m, packed.n, packed.k, out_dtype,

@@ -283,8 +283,7 @@ def _bind_shard(operands, *, n, weights, kernel, launch, activation, out_dtype, 
                     activation=activation, out_dtype=out_dtype, platform=platform,
                     accumulation=accumulation)
     if choice.launch is None and weights == "fp8" and selection.xla_runs_fp8_gemm(
-            selection.Problem(avals[0].shape[0], n, avals[0].shape[1], out_dtype,
-                              operands_of(weights, avals[-2].dtype)), platform):
+            operands_of(weights, avals[-2].dtype), avals[0].shape[1], platform):
         return xla_fp8_gemm(operands, n=n, activation=activation, out_dtype=out_dtype,
                             accumulation=accumulation)
     return swiglu_shard_p.bind(*operands, n=n, weights=weights, launch=choice.launch,

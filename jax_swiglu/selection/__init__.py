@@ -83,7 +83,8 @@ class Choice:
             what = ""
             if problem is not None and problem.operands != "16bit":
                 what = (f" fp8 GEMM ({problem.accumulation} sums)"
-                        if xla_runs_fp8_gemm(problem, platform) else " on the dequantized inputs")
+                        if xla_runs_fp8_gemm(problem.operands, problem.k, platform)
+                        else " on the dequantized inputs")
             return f"xla{what} ({by}{self.reason})"
         target = (f"{self.launch.target(problem.activation, problem.dtype)}, "
                   if problem is not None else "")
@@ -145,14 +146,14 @@ def local_gpu_is_sm90() -> bool | None:
     return None if device is None else device.compute_capability == 90
 
 
-def xla_runs_fp8_gemm(problem: Problem, platform: str) -> bool:
+def xla_runs_fp8_gemm(operands: str, k: int, platform: str) -> bool:
     """Whether an fp8 call's XLA path is XLA's own fp8 GEMM (``swiglu_xla_quantized``'s, in
     the call's accumulation) rather than the spec's fp32 math on the dequantized values: e4m3
     operands with K a multiple of 16 on CUDA, for a GPU with fp8 tensor cores (SM89 on; with
     no GPU here, the shipped data's part). Its promoted sums are as far from the spec as the
     fused kernel's default, and it streams the fp8 weights, where the spec widens them to
     fp32 on every call."""
-    if platform != "cuda" or problem.operands != "e4m3" or problem.k % 16:
+    if platform != "cuda" or operands != "e4m3" or k % 16:
         return False
     device = _engine.target_device()
     return device is not None and device.compute_capability >= 89
