@@ -111,7 +111,8 @@ def test_the_xla_path_is_xlas_fp8_gemm(m, k, n, accumulation, key):
     x_q, x_scale = quantize_tokens(x)
     on_xla = jax.jit(lambda x, q: swiglu(x, q, kernel="xla", accumulation=accumulation))
     if m > 1:
-        assert gemm_operand_types(on_xla.lower(x, q).compile().as_text()) & {"f8e4m3fn"}
+        read = gemm_operand_types(on_xla.lower(x, q).compile().as_text())
+        assert "f8e4m3fn" in read, read
     a = on_xla(x, q)
     b = jax.jit(lambda x_q, s, q: swiglu(x_q, q, x_scale=s, kernel="xla",
                                          accumulation=accumulation))(x_q, x_scale, q)
@@ -230,8 +231,8 @@ FAST_BLOCK_FROBENIUS = 5e-2
 @pytest.mark.parametrize("m", [1, 4, 8, 300, 2048])
 def test_the_whole_block_in_fp8(m, accumulation, key):
     """The block on the GPU: the fused kernel's h (checked above), quantized per row, through
-    XLA's fp8 GEMM with the down weights (at 2-8 tokens the gemv row's projection instead). Against h's own quantization and the down
-    projection in float64: the criterion's line and allowance of the mode (the down dot
+    XLA's fp8 GEMM with the down weights (at 2-8 tokens the gemv row's projection instead).
+    Against h's own quantization and the down projection in float64: the criterion's line and allowance of the mode (the down dot
     adds N = 2816 products per output). Against the whole spec (the exact h quantized): a
     Frobenius bound. Quantizing h to e4m3 turns a small difference in h into a whole e4m3
     step wherever h lies near a rounding boundary, so the bound is the criterion's for
