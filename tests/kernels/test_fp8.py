@@ -232,11 +232,12 @@ FAST_BLOCK_FROBENIUS = 5e-2
 def test_the_whole_block_in_fp8(m, accumulation, key):
     """The block on the GPU: the fused kernel's h (checked above), quantized per row, through
     XLA's fp8 GEMM with the down weights (at 2-8 tokens the gemv row's projection instead).
-    Against h's own quantization and the down projection in float64: the criterion's line and allowance of the mode (the down dot
-    adds N = 2816 products per output). Against the whole spec (the exact h quantized): a
-    Frobenius bound. Quantizing h to e4m3 turns a small difference in h into a whole e4m3
-    step wherever h lies near a rounding boundary, so the bound is the criterion's for
-    promoted sums and FAST_BLOCK_FROBENIUS under fast accumulation, whose h is further off."""
+    Against h's own quantization and the down projection in float64: the criterion's line
+    and allowance of the mode (the down dot adds N = 2816 products per output). Against the
+    whole spec (the exact h quantized): a Frobenius bound. Quantizing h to e4m3 turns a
+    small difference in h into a whole e4m3 step wherever h lies near a rounding boundary,
+    so the bound is the criterion's for promoted sums and FAST_BLOCK_FROBENIUS under fast
+    accumulation, whose h is further off."""
     kx, kd = jax.random.split(key)
     x, q = inputs(kx, m, 1024, 2816, jnp.dtype(jnp.bfloat16), "e4m3")
     w_down = jax.random.normal(kd, (2816, 1024), jnp.float32) / np.sqrt(2816)
