@@ -319,21 +319,25 @@ def shipped_kinds() -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def _most_measured(documents, dtype: str | None = None, grouped: bool = False):
-    """Of ``documents``, the one that measured the most problems (of ``dtype`` where given);
-    ties go to the first."""
-    def count(data):
-        if dtype is None:
-            return len(data.entries) + len(data.grouped_entries)
-        return data.measured(dtype, grouped=grouped)
+def _most_measured(documents, dtype: str, grouped: bool = False):
+    """Of ``documents``, the one that measured the most problems of ``dtype``; ties go to
+    the first."""
     documents = [d for d in documents if d is not None]
-    return max(documents, key=count) if documents else None
+    return max(documents, key=lambda d: d.measured(dtype, grouped=grouped)) if documents else None
+
+
+SIXTEEN_BIT = ("bfloat16", "float16")
 
 
 def any_sm90() -> TuningData | None:
-    """The shipped SM90 part measured most (its constants and corrections serve a GPU with no
-    data of its own; a lowering for CUDA with no GPU here assumes that part)."""
-    return _most_measured(shipped(kind) for kind in shipped_kinds())
+    """The shipped SM90 part that measured the most 16-bit calls, the library's main ones
+    (its constants and corrections serve a GPU with no data of its own; a lowering for CUDA
+    with no GPU here assumes that part, so fp8 data measured on another part does not move
+    the 16-bit picks made without a GPU)."""
+    documents = [d for d in (shipped(kind) for kind in shipped_kinds()) if d is not None]
+    if not documents:
+        return None
+    return max(documents, key=lambda d: sum(d.measured(dtype) for dtype in SIXTEEN_BIT))
 
 
 def corrections_for(device_kind: str | None, dtype: str, *,
