@@ -220,6 +220,10 @@ def evaluate(data: _data.TuningData, rows) -> list[dict]:
             result["xla_us"] = row["xla_us"]
             result["vs_xla"] = row["xla_us"] / row.get("cupti_us", {}).get(
                 _data.launch_id(*chosen), measured[chosen])
+            # The engine's other choice (selection/_engine.py): XLA's path where the data's
+            # XLA ratio near the row says it is faster than the fastest fused launch.
+            xla_ratio = data.xla_ratio(dtype, m, n, k)
+            result["takes_xla"] = xla_ratio is not None and xla_ratio < 1.0
         results.append(result)
     return results
 
@@ -289,6 +293,23 @@ def _summary(results) -> str:
             f"{within} within 2 %.")
 
 
+def _xla_summary(results) -> str | None:
+    """How the XLA ratio's choice fared on the rows that timed XLA: taken where the fused pick
+    was faster, or left where XLA was."""
+    timed = [r for r in results if "vs_xla" in r]
+    if not timed:
+        return None
+    taken = [r["vs_xla"] for r in timed if r["takes_xla"]]
+    slower = [x for x in taken if x > 1.0]
+    missed = [x for x in (r["vs_xla"] for r in timed if not r["takes_xla"]) if x < 1.0]
+    return (f"XLA's path on the {len(timed)} rows that timed it: taken on {len(taken)}, "
+            f"{len(slower)} of them slower than the fused pick"
+            + (f" (up to {max(slower):.3f}x)" if slower else "")
+            + f"; left on {len(missed)} where it was faster"
+            + (f" (the fused pick up to {1 / min(missed):.3f}x its time)" if missed else "")
+            + ".")
+
+
 def cross_validation_markdown(results, data_path: str, leave_out: str = "shape") -> str:
     """The summary, by M, and every row more than 2 % from the fastest."""
     if not results:
@@ -324,12 +345,14 @@ def report_markdown(results, data_path: str, sources) -> str:
         f"the fastest measured launch, from {', '.join(sources)}:",
         "",
         f"- {_summary(results)}",
+        *([f"- {xla}"] if (xla := _xla_summary(results)) else []),
         "",
         "| model | M | chosen | us | fastest | us | chosen/fastest | XLA/chosen |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(results, key=lambda r: (r["model"], r["m"])):
-        vs = f"{r['vs_xla']:.2f}" if "vs_xla" in r else "-"
+        vs = (f"{r['vs_xla']:.2f}" + (" (XLA taken)" if r["takes_xla"] else "")
+              if "vs_xla" in r else "-")
         lines.append(f"| {r['model']} | {r['m']} | {_cell(r['chosen'])} | {r['chosen_us']:.1f} | "
                      f"{_cell(r['best'])} | {r['best_us']:.1f} | {r['ratio']:.3f} | {vs} |")
     return "\n".join(lines) + "\n"

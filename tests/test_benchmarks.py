@@ -260,6 +260,26 @@ def test_tuning_data_merges_runs_and_keeps_held_out_rows_out(tmp_path):
     assert "| llama-3-8b | 5 |" in report_md and "| qwen2.5-3b | 1 |" in report_md
 
 
+def test_the_report_scores_the_choice_of_xlas_path():
+    """On held-out rows that timed XLA, the report says where the data's XLA ratio takes XLA's
+    path and whether XLA was faster than the fused pick there."""
+    document = tuning_data.empty_document(_calibration([])["environment"]["device_facts"])
+    tuning_data.merge(document, _calibration([
+        _cal_row("llama-3-8b", 1024, 300.0, 900.0, xla_us=250.0),  # XLA faster near 1024
+        _cal_row("llama-3-8b", 1, 80.0, 55.0, xla_us=60.0)]))  # slower near 1
+    from jax_swiglu.selection import _data
+    results = tuning_data.evaluate(_data.TuningData(document), [
+        _cal_row("llama-3-8b", 1100, 320.0, 950.0, xla_us=350.0),
+        _cal_row("llama-3-8b", 2, 80.0, 55.0, xla_us=50.0)])
+    by_m = {r["m"]: r for r in results}
+    assert by_m[1100]["takes_xla"] and not by_m[2]["takes_xla"]
+    summary = tuning_data._xla_summary(results)
+    assert "taken on 1, 1 of them slower than the fused pick (up to 1.094x)" in summary
+    assert "left on 1 where it was faster (the fused pick up to 1.100x its time)" in summary
+    report_md = tuning_data.report_markdown(results, "data.json", ["held-out.json"])
+    assert "1.09 (XLA taken)" in report_md and summary in report_md
+
+
 def test_a_run_that_times_no_xla_keeps_the_entrys_earlier_xla_time(tmp_path):
     """A full run without XLA timings (calibrate --jax-m with no M) replaces an entry's
     launches; the XLA time and its launches through JAX stay, naming the run that timed them,
