@@ -319,7 +319,9 @@ def cross_validation_markdown(results, data_path: str, leave_out: str = "shape")
             "each M's entries judged by the learned rule of the other M's data")
     lines = [f"Leave one {leave_out} out over {data_path}: {what}, against the fastest "
              f"measured launch.", "",
-             f"- {_summary(results)}", "", "| M | rows | geomean | max | within 2 % |",
+             f"- {_summary(results)}",
+             *([f"- {xla}"] if (xla := _xla_summary(results)) else []),
+             "", "| M | rows | geomean | max | within 2 % |",
              "|---|---|---|---|---|"]
     for m in sorted({r["m"] for r in results}):
         ratios = [r["ratio"] for r in results if r["m"] == m]
