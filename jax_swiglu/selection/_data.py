@@ -319,11 +319,13 @@ def shipped_kinds() -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def _most_measured(documents, dtype: str, grouped: bool = False):
-    """Of ``documents``, the one that measured the most problems of ``dtype``; ties go to
+def _most_measured(documents, dtypes: tuple[str, ...], grouped: bool = False):
+    """Of ``documents``, the one that measured the most problems of ``dtypes``; ties go to
     the first."""
     documents = [d for d in documents if d is not None]
-    return max(documents, key=lambda d: d.measured(dtype, grouped=grouped)) if documents else None
+    if not documents:
+        return None
+    return max(documents, key=lambda d: sum(d.measured(t, grouped=grouped) for t in dtypes))
 
 
 SIXTEEN_BIT = ("bfloat16", "float16")
@@ -334,10 +336,7 @@ def any_sm90() -> TuningData | None:
     (its constants and corrections serve a GPU with no data of its own; a lowering for CUDA
     with no GPU here assumes that part, so fp8 data measured on another part does not move
     the 16-bit picks made without a GPU)."""
-    documents = [d for d in (shipped(kind) for kind in shipped_kinds()) if d is not None]
-    if not documents:
-        return None
-    return max(documents, key=lambda d: sum(d.measured(dtype) for dtype in SIXTEEN_BIT))
+    return _most_measured((shipped(kind) for kind in shipped_kinds()), SIXTEEN_BIT)
 
 
 def corrections_for(device_kind: str | None, dtype: str, *,
@@ -352,4 +351,4 @@ def corrections_for(device_kind: str | None, dtype: str, *,
         return own
     measured = [data for data in (shipped(kind) for kind in shipped_kinds())
                 if data is not None and data.measured(dtype, grouped=grouped)]
-    return _most_measured(measured, dtype, grouped) or own or any_sm90()
+    return _most_measured(measured, (dtype,), grouped) or own or any_sm90()
