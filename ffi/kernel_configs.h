@@ -106,7 +106,10 @@
 // docs/design.md); the 128 x 128 pingpong row and the 64-row pingpong one are Optional.
 // The swap-AB rows of 192 and 224 tokens in 4-CTA clusters multicast x over four CTAs (a
 // quarter of the x tile, the larger part of a stage at these widths, loaded per CTA) at the
-// price of the fewer clusters of 4 an SM90 GPU holds at once; Optional until measured.
+// price of the fewer clusters of 4 an SM90 GPU holds at once (the cost model rounds by the
+// part's measured cluster slots); each wins where M nearly fills its token tile. Row 65 is the
+// pingpong 160-token row (44) in the same 4-CTA clusters, for two token tiles a little
+// short of M = 320; Optional until measured.
 // X(id, family, operands, accumulation, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
 //   cluster_n, scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \
@@ -169,12 +172,13 @@
   X(56, GateThenUp, Bits16, Promoted, Pingpong, Tokens, 64, 384, 64, 2, 1, Persistent, TmaStore, 1, Optional) \
   X(57, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 128, 128, 1, 1, ClusterSplitK, DirectStore, 1, Always) \
   X(58, Gemv, Fp8E4m3, Promoted, TensorCores, Weights, 16, 256, 128, 1, 1, ClusterSplitK, DirectStore, 1, Always) \
-  X(59, Interleaved, Bits16, Promoted, Cooperative, Weights, 192, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional) \
-  X(60, Interleaved, Bits16, Promoted, Cooperative, Weights, 224, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional) \
+  X(59, Interleaved, Bits16, Promoted, Cooperative, Weights, 192, 128, 64, 1, 4, Persistent, DirectStore, 1, Always) \
+  X(60, Interleaved, Bits16, Promoted, Cooperative, Weights, 224, 128, 64, 1, 4, Persistent, DirectStore, 1, Always) \
   X(61, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 192, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
   X(62, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
   X(63, Interleaved, Fp8E4m3, PromotedInHalves, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Optional) \
-  X(64, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 2, Persistent, DirectStore, 1, Optional)
+  X(64, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 2, Persistent, DirectStore, 1, Optional) \
+  X(65, Interleaved, Bits16, Promoted, Pingpong, Weights, 160, 128, 64, 1, 4, Persistent, DirectStore, 1, Optional)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
