@@ -328,15 +328,17 @@ def test_a_calibration_of_some_rows_joins_the_entries_it_measured(tmp_path):
     assert sorted(entries) == [(1, 14336)]
 
 
-def test_cross_validation_leaves_each_shape_out(tmp_path):
+def test_cross_validation_leaves_each_shape_out(tmp_path, monkeypatch):
     """Leave one shape out: a shape's entries are judged by the rule learned from the others
     alone. Config b wins everywhere but on one shape, which no other shape predicts: that
     row, and only that one, is reported off the fastest."""
-    # Times in proportion to the cost model's (the shipped constants'), so each config's
-    # correction is the same on every shape but the one where the order flips.
+    # Times in proportion to the cost model's (the H200's constants, which the new file
+    # copies), so each config's correction is the same on every shape but the one where the
+    # order flips, which those constants alone do not foresee.
     from jax_swiglu._native import KernelConfig
     from jax_swiglu.selection import _data, _model
-    shipped = _data.any_sm90()
+    shipped = _data.shipped("NVIDIA H200")
+    monkeypatch.setattr(_data, "any_sm90", lambda: shipped)
     a, b = (KernelConfig(**CONFIGS[c]) for c in ("a", "b"))
 
     def model_us(config, model, m):
@@ -623,6 +625,32 @@ def test_moe_routings_sum_to_the_rows_and_skew_as_described():
         assert (skewed == 0).sum() >= experts // 4
     with pytest.raises(ValueError, match="routing must be one of"):
         bench_moe.group_sizes("random", 8, 8, rng)
+
+
+def test_moe_spec_by_blocks_of_experts_is_the_whole_spec(monkeypatch):
+    """The benchmark's fp32 spec, a few experts at a time (so 256 large experts fit beside
+    their bf16 weights), equals the reference over every expert at once, empty experts and
+    rows past the groups included."""
+    import numpy as np
+
+    import jax
+    import jax.numpy as jnp
+
+    import jax_swiglu
+    from benchmarks import bench_moe
+    experts, k, f, rows = 6, 32, 64, 40
+    keys = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.normal(keys[0], (rows, k), jnp.bfloat16)
+    w = {"gate": jax.random.normal(keys[1], (experts, k, f), jnp.bfloat16),
+         "up": jax.random.normal(keys[2], (experts, k, f), jnp.bfloat16)}
+    sizes = jnp.asarray(np.array([7, 0, 12, 5, 0, 9], np.int32))  # 33 of 40 rows
+    f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
+    with jax.default_matmul_precision("highest"):
+        whole = jax_swiglu.grouped_swiglu_reference(f32(x), f32(w["gate"]), f32(w["up"]), sizes)
+    monkeypatch.setattr(bench_moe, "SPEC_BYTES", 2 * 2 * k * f * 4)  # two experts a block
+    blocks = bench_moe._spec_reference(x, sizes, w)
+    np.testing.assert_allclose(np.asarray(blocks), np.asarray(whole), rtol=1e-6, atol=1e-6)
+    assert not np.asarray(blocks[33:]).any()
 
 
 def _moe_row(tokens, routing, xla, grouped, gemm, tokamax=None, off=0, forced=None):
