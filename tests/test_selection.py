@@ -306,17 +306,26 @@ def test_each_dtype_is_corrected_by_the_part_that_measured_it(engine, monkeypatc
 
 @requires_kernels
 def test_grouped_calls_on_a_gpu_without_grouped_data_take_another_gpus(monkeypatch):
-    """The shipped H100 data measured no grouped calls: on an H100 the grouped choice is the
-    cost model on its SMs, corrected by the H200's grouped measurements, and says so."""
-    h100 = _device.device_from_dict(_data.shipped("NVIDIA H100 80GB HBM3").device, local=True)
-    assert not _data.shipped(h100.kind).grouped_entries
-    measured = _data.shipped(H200.kind).grouped_entries[0]
-    monkeypatch.setattr(_engine, "target_device", lambda: h100)
-    choice = selection.choose_grouped(selection.GroupedProblem(
-        measured.m, measured.n, measured.k, measured.experts, "bfloat16"))
+    """A Hopper part with no shipped data (an H800's kind on an H100's facts): its grouped
+    choice is the cost model on its SMs, corrected by the grouped measurements of the part
+    that has the most of them, and says so; on an H100, its own grouped data decides."""
+    facts = dict(_data.shipped("NVIDIA H100 80GB HBM3").device, kind="NVIDIA H800")
+    h800 = _device.device_from_dict(facts, local=True)
+    assert _data.shipped(h800.kind) is None
+    most = max((_data.shipped(kind) for kind in _data.shipped_kinds()),
+               key=lambda data: len(data.grouped_entries))
+    measured = most.grouped_entries[0]
+    problem = selection.GroupedProblem(measured.m, measured.n, measured.k, measured.experts,
+                                       "bfloat16")
+    monkeypatch.setattr(_engine, "target_device", lambda: h800)
+    choice = selection.choose_grouped(problem)
     assert choice.source == _engine.OTHER_GPU_DATA, choice
-    assert "grouped measurements of NVIDIA H200" in choice.reason
+    assert f"grouped measurements of {most.device['kind']}" in choice.reason
     assert "another GPU's measurements" in choice.in_words()
+    h100 = _device.device_from_dict(_data.shipped("NVIDIA H100 80GB HBM3").device, local=True)
+    assert _data.shipped(h100.kind).grouped_entries
+    monkeypatch.setattr(_engine, "target_device", lambda: h100)
+    assert selection.choose_grouped(problem).source != _engine.OTHER_GPU_DATA
 
 
 @requires_kernels
