@@ -82,16 +82,28 @@ def group_sizes(routing: str, rows: int, experts: int, rng: np.random.Generator)
     return sizes.astype(np.int32)
 
 
-def make_weights(key, k, f, experts):
-    """Every expert's gate and up weights [E, K, F] (bf16, unit-scale products), their
-    concatenation [E, K, 2F], the packed experts, and one expert's [K, 2F] for the GEMM."""
+def _normal_experts(key, experts, k, f, scale):
+    """[E, K, F] bf16 normals times ``scale``, drawn an expert at a time, so that no fp32
+    temporary of every expert's size exists (DeepSeek-V3's 256 experts on an 80 GB part)."""
+    draw = lambda one: (jax.random.normal(one, (k, f), jnp.float32) * scale).astype(  # noqa: E731
+        jnp.bfloat16)
+    return jax.jit(lambda keys: jax.lax.map(draw, keys))(jax.random.split(key, experts))
+
+
+def make_weights(key, k, f, experts, concatenated=True):
+    """Every expert's gate and up weights [E, K, F] (bf16, unit-scale products), the packed
+    experts, one expert's [K, 2F] for the GEMM, and with ``concatenated`` (XLA's ragged_dot
+    and tokamax's read it) their concatenation [E, K, 2F]."""
     kg, ku = jax.random.split(key)
     scale = 1 / math.sqrt(k)
-    w_gate = (jax.random.normal(kg, (experts, k, f), jnp.bfloat16) * scale).astype(jnp.bfloat16)
-    w_up = (jax.random.normal(ku, (experts, k, f), jnp.bfloat16) * scale).astype(jnp.bfloat16)
-    concatenated = jnp.concatenate([w_gate, w_up], axis=2)
-    return {"gate": w_gate, "up": w_up, "concatenated": concatenated,
-            "packed": jax_swiglu.pack_expert_weights(w_gate, w_up), "dense": concatenated[0]}
+    w_gate = _normal_experts(kg, experts, k, f, scale)
+    w_up = _normal_experts(ku, experts, k, f, scale)
+    weights = {"gate": w_gate, "up": w_up,
+               "packed": jax_swiglu.pack_expert_weights(w_gate, w_up),
+               "dense": jnp.concatenate([w_gate[0], w_up[0]], axis=1)}
+    if concatenated:
+        weights["concatenated"] = jnp.concatenate([w_gate, w_up], axis=2)
+    return weights
 
 
 def _xla(x, sizes, w):
@@ -301,6 +313,9 @@ def markdown(result) -> str:
              f"{result['iterations']} in {result['rounds']} interleaved rounds. Columns: "
              "benchmarks/bench_moe.py's docstring. `off`: elements past 1 % + 1e-3 of the fp32 "
              "spec.", ""]
+    lines += [f"Skipped, out of this GPU's memory: {model} ({why})." for model, why in
+              sorted(result.get("skipped_models", {}).items())]
+    lines += [""] if result.get("skipped_models") else []
     facts = env.get("device_facts")
     lines += ["| model | tokens | rows | routing | xla | xla_two | tokamax | grouped | gemm | "
               "HBM floor | xla/grouped | tokamax/grouped | grouped/gemm | grouped/floor | "
@@ -403,15 +418,25 @@ def main(argv=None):
             weights = None  # free the previous model's weights first
             k, f, experts, _ = shapes_lib.MOE_MLPS[model]
             try:
-                weights = make_weights(jax.random.key(i), k, f, experts)
+                weights = make_weights(jax.random.key(i), k, f, experts,
+                                       concatenated=not (args.no_xla and args.no_peers))
             except jax.errors.JaxRuntimeError as error:  # its experts do not fit this GPU
                 skipped[model] = " ".join(str(error).split())[:300]
                 result["skipped_models"] = skipped
                 print(f"{model}: skipped, its weights do not fit: {skipped[model]}", flush=True)
                 continue
-        row = bench_one(model, tokens, routing, weights, args.iterations, args.rounds, seed=i,
-                        with_peers=not args.no_peers, launches=args.launches,
-                        with_xla=not args.no_xla)
+        try:
+            row = bench_one(model, tokens, routing, weights, args.iterations, args.rounds,
+                            seed=i, with_peers=not args.no_peers, launches=args.launches,
+                            with_xla=not args.no_xla)
+        except RuntimeError as error:  # the grouped call failed; out of memory: skip the model
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            skipped[model] = " ".join(str(error).split())[:300]
+            result["skipped_models"] = skipped
+            weights = None
+            print(f"{model}: skipped at {tokens} tokens: {skipped[model]}", flush=True)
+            continue
         result["rows"].append(row)
         result["complete"] = i + 1 == len(todo)
         with open(stem + ".json", "w") as f:

@@ -108,7 +108,7 @@ def _profile_moe(row, launches, profiler):
     model, tokens, routing = row.split(":")
     k, f, experts, top_k = shapes_lib.MOE_MLPS[model]
     rows = int(tokens) * top_k
-    weights = bench_moe.make_weights(jax.random.key(0), k, f, experts)
+    weights = bench_moe.make_weights(jax.random.key(0), k, f, experts, concatenated=False)
     sizes = jax.numpy.asarray(bench_moe.group_sizes(routing, rows, experts,
                                                     np.random.default_rng(0)))
     x = jax.random.normal(jax.random.key(1), (rows, k), jax.numpy.bfloat16)

@@ -653,6 +653,29 @@ def test_moe_spec_by_blocks_of_experts_is_the_whole_spec(monkeypatch):
     assert not np.asarray(blocks[33:]).any()
 
 
+def test_moe_weights_and_a_model_that_does_not_fit():
+    """The expert weights: unit-scale products, the GEMM's expert the first, the
+    concatenation only where XLA's or tokamax's ragged_dot reads it; a model skipped for
+    memory is said in the table's header."""
+    import jax
+    import numpy as np
+
+    from benchmarks import bench_moe
+    w = bench_moe.make_weights(jax.random.key(0), 256, 64, 3)
+    gate, up = np.asarray(w["gate"], np.float32), np.asarray(w["up"], np.float32)
+    assert gate.shape == up.shape == (3, 256, 64) and abs(gate.std() * 16 - 1) < 0.05
+    assert not np.array_equal(gate, up) and not np.array_equal(gate[0], gate[1])
+    np.testing.assert_array_equal(np.asarray(w["dense"], np.float32),
+                                  np.concatenate([gate[0], up[0]], axis=1))
+    np.testing.assert_array_equal(np.asarray(w["concatenated"], np.float32),
+                                  np.concatenate([gate, up], axis=2))
+    assert "concatenated" not in bench_moe.make_weights(jax.random.key(0), 256, 64, 3,
+                                                        concatenated=False)
+    text = bench_moe.markdown({"environment": ENV, "iterations": 9, "rounds": 3, "rows": [],
+                               "skipped_models": {"deepseek-v3": "RESOURCE_EXHAUSTED: ..."}})
+    assert "Skipped, out of this GPU's memory: deepseek-v3 (RESOURCE_EXHAUSTED: ...)." in text
+
+
 def _moe_row(tokens, routing, xla, grouped, gemm, tokamax=None, off=0, forced=None):
     from benchmarks import shapes
     k, f, experts, top_k = shapes.MOE_MLPS["mixtral-8x7b"]
