@@ -408,6 +408,12 @@ def main(argv=None):
     start = time.perf_counter()
     todo = [(m, t, r) for m in args.models for t in sorted(args.tokens) for r in args.routing]
     skipped = {}
+
+    def skip(model, error):
+        skipped[model] = " ".join(str(error).split())[:300]
+        result["skipped_models"] = skipped
+        print(f"{model}: skipped, out of this GPU's memory: {skipped[model]}", flush=True)
+
     for i, (model, tokens, routing) in enumerate(todo):
         if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
             print(f"budget spent after {i} of {len(todo)} rows", flush=True)
@@ -421,9 +427,7 @@ def main(argv=None):
                 weights = make_weights(jax.random.key(i), k, f, experts,
                                        concatenated=not (args.no_xla and args.no_peers))
             except jax.errors.JaxRuntimeError as error:  # its experts do not fit this GPU
-                skipped[model] = " ".join(str(error).split())[:300]
-                result["skipped_models"] = skipped
-                print(f"{model}: skipped, its weights do not fit: {skipped[model]}", flush=True)
+                skip(model, error)
                 continue
         try:
             row = bench_one(model, tokens, routing, weights, args.iterations, args.rounds,
@@ -432,10 +436,8 @@ def main(argv=None):
         except RuntimeError as error:  # the grouped call failed; out of memory: skip the model
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
-            skipped[model] = " ".join(str(error).split())[:300]
-            result["skipped_models"] = skipped
             weights = None
-            print(f"{model}: skipped at {tokens} tokens: {skipped[model]}", flush=True)
+            skip(model, error)
             continue
         result["rows"].append(row)
         result["complete"] = i + 1 == len(todo)
