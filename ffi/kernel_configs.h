@@ -110,6 +110,11 @@
 // part's measured cluster slots); each wins where M nearly fills its token tile. Row 65 is the
 // pingpong 160-token row (44) in the same 4-CTA clusters: with two token tiles a little short
 // of M = 320 it wins on some shapes and row 44 on others, by how the rounds of tiles fill.
+// Row 66 is the cooperative 160-token tile twice as tall, 256 packed columns (the two
+// warpgroups 128 each, like cuBLAS's 256-row mid-M tiles): a k step loads 1.6 times the bytes
+// for twice the products, and half as many tiles fill the rounds differently, so it wins
+// where 160-token tiles suit M and 128-column ones leave a ragged last round; its stream-K
+// twin (67) measured no steadier and stays Optional.
 // X(id, family, operands, accumulation, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
 //   cluster_n, scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \
@@ -178,7 +183,9 @@
   X(62, Interleaved, Fp8E4m3, Promoted, Cooperative, Tokens, 128, 128, 128, 2, 1, Persistent, DirectStore, 1, Optional) \
   X(63, Interleaved, Fp8E4m3, PromotedInHalves, Cooperative, Tokens, 128, 128, 128, 1, 1, StreamK, DirectStore, 1, Optional) \
   X(64, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 2, Persistent, DirectStore, 1, Optional) \
-  X(65, Interleaved, Bits16, Promoted, Pingpong, Weights, 160, 128, 64, 1, 4, Persistent, DirectStore, 1, Always)
+  X(65, Interleaved, Bits16, Promoted, Pingpong, Weights, 160, 128, 64, 1, 4, Persistent, DirectStore, 1, Always) \
+  X(66, Interleaved, Bits16, Promoted, Cooperative, Weights, 160, 256, 64, 1, 2, Persistent, DirectStore, 1, Always) \
+  X(67, Interleaved, Bits16, Promoted, Cooperative, Weights, 160, 256, 64, 1, 1, StreamK, DirectStore, 1, Optional)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
