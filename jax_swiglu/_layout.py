@@ -586,9 +586,41 @@ def pack_expert_weights(w_gate, w_up=None, *, layout: str | None = None,
     check_alignment(k, n)
     if dtype is not None:
         w_gate, w_up = w_gate.astype(dtype), w_up.astype(dtype)
-    pad = [(0, 0), (0, 0), (0, padded_n(n) - n)]
-    data = interleave_gate_up(jnp.pad(w_gate, pad), jnp.pad(w_up, pad))
-    return PackedExperts._wrap(data, n, LAYOUT)
+    return PackedExperts._wrap(_pack_experts(w_gate, w_up, padded_n(n)), n, LAYOUT)
+
+
+# Experts are packed a block at a time where the weights sit whole on one device: one
+# transposition over every expert at once has XLA hold temporaries, and its autotuner
+# profiling buffers, the size of all of them (DeepSeek-V3's 256 experts then do not fit an
+# 80 GB part beside their weights). A block of experts stays under this many bytes.
+PACK_BLOCK_BYTES = 1 << 28
+
+
+def _pack_experts(w_gate, w_up, n_pad: int):
+    """[E, K, 2 n_pad] packed experts from [E, K, F] gate and up weights."""
+    experts, k, n = w_gate.shape
+
+    def pack(gate, up):
+        pad = [(0, 0)] * (gate.ndim - 1) + [(0, n_pad - n)]
+        return interleave_gate_up(jnp.pad(gate, pad), jnp.pad(up, pad))
+
+    expert_bytes = 2 * k * n_pad * jnp.dtype(w_gate.dtype).itemsize
+    if experts == 1 or not all(_on_one_device(w) for w in (w_gate, w_up)):
+        # Traced, or split over devices: one expression, which keeps the experts' sharding.
+        return pack(w_gate, w_up)
+    # The largest block that divides E (lax.map's remainder would be a second copy).
+    most = max(1, PACK_BLOCK_BYTES // expert_bytes)
+    block = max(b for b in range(1, min(experts, most) + 1) if experts % b == 0)
+    return jax.jit(lambda g, u: jax.lax.map(lambda gu: pack(*gu), (g, u), batch_size=block)
+                   )(w_gate, w_up)
+
+
+def _on_one_device(w) -> bool:
+    """Whether ``w`` is a concrete array held whole by one device (or host memory)."""
+    if isinstance(w, jax.core.Tracer):
+        return False
+    sharding = getattr(w, "sharding", None)
+    return sharding is None or len(sharding.device_set) == 1
 
 
 def unpack_expert_weights(experts: PackedExperts):

@@ -117,6 +117,28 @@ def test_source_layouts_pack_the_same_and_unpack_exactly(key):
         jax_swiglu.PackedExperts.from_packed_data(experts.data, F).data, experts.data)
 
 
+@pytest.mark.parametrize("bound_experts, block", [(1, 1), (2, 2), (5, 3)])
+def test_experts_packed_a_block_at_a_time_match_the_whole(key, monkeypatch, bound_experts,
+                                                          block):
+    """Concrete weights on one device pack through lax.map over blocks of experts (no
+    temporary of every expert's size), each block the largest that divides E within the
+    bound (a remainder would cost a second copy); the bits are those of the one expression
+    that traced or sharded weights take."""
+    from jax_swiglu import _layout
+    w_gate, w_up, _ = _weights(key, e=6)
+    whole = jax.jit(lambda g, u: pack_expert_weights(g, u).data)(w_gate, w_up)
+    monkeypatch.setattr(_layout, "PACK_BLOCK_BYTES",
+                        bound_experts * 2 * K * _layout.padded_n(F) * 2)
+    blocks = []
+    real_map = jax.lax.map
+    monkeypatch.setattr(jax.lax, "map", lambda f, xs, batch_size=None: (
+        blocks.append(batch_size), real_map(f, xs, batch_size=batch_size))[1])
+    packed = pack_expert_weights(w_gate, w_up)
+    assert blocks == [block]
+    np.testing.assert_array_equal(packed.data, whole)
+    np.testing.assert_array_equal(unpack_expert_weights(packed)[0], w_gate)
+
+
 def test_explain_grouped_says_what_runs(key):
     experts = pack_expert_weights(*_weights(key)[:2])
     x, sizes = jax.ShapeDtypeStruct((32, K), jnp.bfloat16), jax.ShapeDtypeStruct((E,), jnp.int32)
