@@ -2,9 +2,11 @@
 //
 // x [T, K] holds the tokens sorted by expert: group_sizes[e] rows (int32, on the device) for
 // expert e in expert order, as jax.lax.ragged_dot takes them; the packed weights are E
-// matrices [K, 2 N_pad] one after the other; out [T, N]. The tiles are walked in the order
-// (expert, column tile, token tile), token tiles fastest: consecutive CTAs share a weight
-// tile, and an expert's x rows are read again from L2 for its next column tile. An expert's
+// matrices [K, 2 N_pad] one after the other; out [T, N]. The tiles are walked expert by
+// expert, and within an expert in bands of token tiles (BandedGroupTile): a band's column
+// tiles one after the other, its token tiles fastest, so consecutive CTAs share a weight tile
+// and a round of them rereads from L2 only the band's x rows, not every row of an expert that
+// got many (a skewed routing's heavy expert, or a few experts' many tokens). An expert's
 // token tiles start at its first row, so its last one is ragged: the loads of a tile come from
 // ExpertTileOrigin (inside x where x has a tile's rows), the epilogue stores only the expert's
 // rows of it, and empty experts have no tiles. Rows past the last group form one more group
@@ -73,6 +75,58 @@ struct ExpertTileRows {
   }
 };
 
+// Where tile `local` of an expert's tiles_m x tiles_n tiles lies: (token tile, column tile).
+// Token tiles go in bands of `band`, the last band shorter; within a band token tiles fastest,
+// then column tiles. An expert of at most `band` token tiles is one band: token tiles fastest,
+// then column tiles, over the whole expert.
+struct GroupTileCoord {
+  uint32_t m;
+  uint32_t n;
+};
+CUTLASS_HOST_DEVICE constexpr GroupTileCoord BandedGroupTile(uint32_t local, uint32_t tiles_m,
+                                                             uint32_t tiles_n, uint32_t band) {
+  const uint32_t band_index = local / (band * tiles_n);
+  const uint32_t first_m = band_index * band;
+  const uint32_t band_m = tiles_m - first_m < band ? tiles_m - first_m : band;
+  const uint32_t in_band = local - band_index * band * tiles_n;
+  return {first_m + in_band % band_m, in_band / band_m};
+}
+
+// Token tiles per band: a round of `sms` tiles then spans about as many bytes of x (band
+// token tiles) as of weights (sms / band column tiles), the band that rereads the least
+// from DRAM when neither fits the L2 (the square root of sms * tile_columns / tile_tokens).
+CUTLASS_HOST_DEVICE constexpr uint32_t TokenTilesPerBand(int sms, int tile_tokens,
+                                                         int tile_columns) {
+  const uint64_t target = static_cast<uint64_t>(sms > 0 ? sms : 1) *
+                          static_cast<uint64_t>(tile_columns) / static_cast<uint64_t>(tile_tokens);
+  uint32_t band = 1;
+  while (static_cast<uint64_t>(band + 1) * (band + 1) <= target) ++band;
+  return band;
+}
+
+// The walk visits every tile of an expert exactly once, whatever the band (checked here, at
+// compile time, on sizes with ragged last bands, one band, and bands of one token tile).
+constexpr bool BandedWalkVisitsEveryTileOnce(uint32_t tiles_m, uint32_t tiles_n, uint32_t band) {
+  bool seen[64] = {};
+  if (tiles_m * tiles_n > 64) return false;
+  for (uint32_t local = 0; local < tiles_m * tiles_n; ++local) {
+    const GroupTileCoord tile = BandedGroupTile(local, tiles_m, tiles_n, band);
+    if (tile.m >= tiles_m || tile.n >= tiles_n || seen[tile.m * tiles_n + tile.n]) return false;
+    seen[tile.m * tiles_n + tile.n] = true;
+  }
+  return true;
+}
+static_assert(BandedWalkVisitsEveryTileOnce(7, 3, 2) && BandedWalkVisitsEveryTileOnce(7, 3, 3) &&
+                  BandedWalkVisitsEveryTileOnce(5, 4, 5) && BandedWalkVisitsEveryTileOnce(5, 4, 8) &&
+                  BandedWalkVisitsEveryTileOnce(1, 9, 4) && BandedWalkVisitsEveryTileOnce(9, 1, 4) &&
+                  BandedWalkVisitsEveryTileOnce(8, 8, 1) && BandedWalkVisitsEveryTileOnce(6, 10, 4),
+              "the banded walk must visit each of an expert's tiles once");
+static_assert(BandedGroupTile(5, 4, 3, 8).m == 1 && BandedGroupTile(5, 4, 3, 8).n == 1,
+              "an expert within one band walks token tiles fastest over the whole expert");
+static_assert(TokenTilesPerBand(132, 256, 192) == 9 && TokenTilesPerBand(132, 16, 128) == 32 &&
+                  TokenTilesPerBand(1, 256, 128) == 1,
+              "bands from the SM count and the tile's sides");
+
 // CUTLASS's persistent scheduler interface over the grouped tiles above. Every thread of a
 // warp walks the same tiles; the walk is warp-cooperative (32 experts per step: one size
 // load per lane, two prefix sums through shuffles), so every caller must be a whole warp,
@@ -98,6 +152,7 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
     int32_t tile_m = 1;
     int32_t tiles_n = 1;
     int32_t k_tiles = 1;
+    uint32_t band = 1;  // token tiles per band (BandedGroupTile)
   };
 
   // The most tiles a call of `tokens` rows over `experts` groups can have: every group adds at
@@ -131,6 +186,9 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
     params.tiles_n =
         (static_cast<int32_t>(cute::get<kSwapAb ? 0 : 1>(shape)) + kTileColumns - 1) / kTileColumns;
     params.k_tiles = (static_cast<int32_t>(cute::get<2>(shape)) + kTileK - 1) / kTileK;
+    int sms = hw_info.sm_count;
+    if (sms <= 0) sms = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
+    params.band = TokenTilesPerBand(sms, kTileTokens, kTileColumns);
     return params;
   }
 
@@ -162,7 +220,8 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
         experts_(params.experts),
         tokens_(params.tokens),
         tile_m_(params.tile_m),
-        tiles_n_(params.tiles_n) {
+        tiles_n_(params.tiles_n),
+        band_(params.band) {
     // The sizes may come from the kernel before this one (programmatic dependent launch).
     cutlass::arch::wait_on_dependent_grids();
     next_ = blockIdx.x;
@@ -247,17 +306,17 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
         const uint32_t group_tiles = __shfl_sync(0xffffffffu, tiles, owner);
         const uint32_t group_tile_end = __shfl_sync(0xffffffffu, tile_end, owner);
         const int expert = chunk_ + owner;
-        // Token tiles fastest within the group, then its column tiles.
+        // The group's bands of token tiles, token tiles fastest within each.
         const uint32_t local = next_ - (group_tile_end - group_tiles);
         const uint32_t tiles_m = group_tiles / static_cast<uint32_t>(tiles_n_);
-        const uint32_t n = local / tiles_m;
-        const uint32_t m = local - n * tiles_m;
-        const uint32_t first = m * static_cast<uint32_t>(tile_m_);
+        const GroupTileCoord tile =
+            BandedGroupTile(local, tiles_m, static_cast<uint32_t>(tiles_n_), band_);
+        const uint32_t first = tile.m * static_cast<uint32_t>(tile_m_);
         const uint32_t left = group_rows - first;
         const int tile_rows = static_cast<int>(left < uint32_t(tile_m_) ? left : uint32_t(tile_m_));
         const bool zeros = expert == experts_;
         const auto row = static_cast<int32_t>(group_start + first);
-        const auto column_tile = static_cast<int32_t>(n);
+        const auto column_tile = static_cast<int32_t>(tile.n);
         const int32_t l = ExpertTile::Encode(zeros ? 0 : expert, tile_rows, zeros);
         current_ = kSwapAb ? WorkTileInfo{column_tile, row, l, true}
                            : WorkTileInfo{row, column_tile, l, true};
@@ -275,6 +334,7 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
   int tokens_ = 0;
   int tile_m_ = 1;
   int tiles_n_ = 1;
+  uint32_t band_ = 1;
   uint32_t next_ = 0;    // the linear tile this CTA (or warpgroup) works on
   uint32_t stride_ = 1;  // CTAs in the grid
   int chunk_ = 0;            // first group of the chunk of 32 the walk is in
