@@ -112,9 +112,9 @@
 // of M = 320 it wins on some shapes and row 44 on others, by how the rounds of tiles fill.
 // Row 66 is the cooperative 160-token tile twice as tall, 256 packed columns (the two
 // warpgroups 128 each, like cuBLAS's 256-row mid-M tiles): a k step loads 1.6 times the bytes
-// for twice the products, and half as many tiles fill the rounds differently, so it wins
-// where 160-token tiles suit M and 128-column ones leave a ragged last round; its stream-K
-// twin (67) measured no steadier and stays Optional.
+// for twice the products (fewer bytes from L2 per product), and half as many tiles fill the
+// rounds differently; it wins some shapes where two 160-token tiles suit M. Its stream-K twin
+// (67) won fewer and stays Optional.
 // X(id, family, operands, accumulation, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
 //   cluster_n, scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \

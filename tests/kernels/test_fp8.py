@@ -94,8 +94,8 @@ def gemm_operand_types(compiled_hlo):
     defined = dict(re.findall(r"%(\S+) = \(?(\w+)\[", compiled_hlo))
     types = set()
     for line in compiled_hlo.splitlines():
-        # cuBLASLt's GEMM, or a Triton GEMM fusion (XLA names the kind __triton_gemm, or
-        # __triton_nested_gemm_fusion where its autotuner is off, as scripts/gpu_check.sh has it).
+        # cuBLASLt's GEMM, or a Triton GEMM fusion under any of the kind names XLA gives one
+        # (__triton_gemm; others where its autotuner is off, as scripts/gpu_check.sh has it).
         if "__cublas$lt$matmul" in line or re.search(r"__triton\w*gemm", line):
             call = re.search(r"(?:custom-call|fusion)\(([^)]*)\)", line)
             operands = re.findall(r"%(\S+?)[,)]", call.group(1) + ")") if call else []

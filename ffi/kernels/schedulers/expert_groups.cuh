@@ -93,8 +93,8 @@ CUTLASS_HOST_DEVICE constexpr GroupTileCoord BandedGroupTile(uint32_t local, uin
 }
 
 // Token tiles per band: a round of `sms` tiles then spans about as many bytes of x (band
-// token tiles) as of weights (sms / band column tiles), the band that rereads the least
-// from DRAM when neither fits the L2 (the square root of sms * tile_columns / tile_tokens).
+// token tiles) as of weights (sms / band column tiles), the band whose rounds touch the
+// fewest bytes (the square root of sms * tile_columns / tile_tokens).
 CUTLASS_HOST_DEVICE constexpr uint32_t TokenTilesPerBand(int sms, int tile_tokens,
                                                          int tile_columns) {
   const uint64_t target = static_cast<uint64_t>(sms > 0 ? sms : 1) *
@@ -117,9 +117,12 @@ constexpr bool BandedWalkVisitsEveryTileOnce(uint32_t tiles_m, uint32_t tiles_n,
   return true;
 }
 static_assert(BandedWalkVisitsEveryTileOnce(7, 3, 2) && BandedWalkVisitsEveryTileOnce(7, 3, 3) &&
-                  BandedWalkVisitsEveryTileOnce(5, 4, 5) && BandedWalkVisitsEveryTileOnce(5, 4, 8) &&
-                  BandedWalkVisitsEveryTileOnce(1, 9, 4) && BandedWalkVisitsEveryTileOnce(9, 1, 4) &&
-                  BandedWalkVisitsEveryTileOnce(8, 8, 1) && BandedWalkVisitsEveryTileOnce(6, 10, 4),
+                  BandedWalkVisitsEveryTileOnce(5, 4, 5) &&
+                  BandedWalkVisitsEveryTileOnce(5, 4, 8) &&
+                  BandedWalkVisitsEveryTileOnce(1, 9, 4) &&
+                  BandedWalkVisitsEveryTileOnce(9, 1, 4) &&
+                  BandedWalkVisitsEveryTileOnce(8, 8, 1) &&
+                  BandedWalkVisitsEveryTileOnce(6, 10, 4),
               "the banded walk must visit each of an expert's tiles once");
 static_assert(BandedGroupTile(5, 4, 3, 8).m == 1 && BandedGroupTile(5, 4, 3, 8).n == 1,
               "an expert within one band walks token tiles fastest over the whole expert");
@@ -186,10 +189,15 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
     params.tiles_n =
         (static_cast<int32_t>(cute::get<kSwapAb ? 0 : 1>(shape)) + kTileColumns - 1) / kTileColumns;
     params.k_tiles = (static_cast<int32_t>(cute::get<2>(shape)) + kTileK - 1) / kTileK;
-    int sms = hw_info.sm_count;
-    if (sms <= 0) sms = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
-    params.band = TokenTilesPerBand(sms, kTileTokens, kTileColumns);
+    params.band = TokenTilesPerBand(SmCount(hw_info), kTileTokens, kTileColumns);
     return params;
+  }
+
+  // The SMs of hw_info's device (CUTLASS leaves sm_count 0 where the caller did not query).
+  static int SmCount(cutlass::KernelHardwareInfo const& hw_info) {
+    return hw_info.sm_count > 0
+               ? hw_info.sm_count
+               : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
   }
 
   // One CTA per SM, or one per tile where the call has fewer tiles at most.
@@ -197,8 +205,7 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
   static dim3 get_grid_shape(Params const& params, ProblemShapeMNK, BlockShape, ClusterShape,
                              cutlass::KernelHardwareInfo hw_info, Arguments = Arguments{},
                              bool = true) {
-    int sms = hw_info.sm_count;
-    if (sms <= 0) sms = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
+    const int sms = SmCount(hw_info);
     const int64_t tiles = MaxTiles(params.tokens, params.experts, params.tile_m, params.tiles_n);
     return dim3(static_cast<uint32_t>(tiles < sms ? tiles : sms), 1, 1);
   }
