@@ -550,7 +550,10 @@ def pack_expert_weights(w_gate, w_up=None, *, layout: str | None = None,
     ``pack_expert_weights(w_gate, w_up)`` with ``[E, K, F]`` each; one ``[E, K, 2, F]``
     array (stacked); ``layout="concatenated"`` for one ``[E, K, 2F]`` array
     ``[gate | up]``. Kernels are ``[in, out]`` (``x @ w``). The arguments are not modified;
-    :func:`unpack_expert_weights` gives them back exactly.
+    :func:`unpack_expert_weights` gives them back exactly. Weights on one device are packed
+    a block of experts at a time, so packing needs little memory beyond the packed result
+    (DeepSeek-V3's 256 experts pack beside their weights on an 80 GB GPU); weights split over
+    devices pack in one expression, each device its own experts.
     """
     if w_up is None:
         if not (hasattr(w_gate, "shape") and hasattr(w_gate, "dtype")):
