@@ -8,7 +8,8 @@ multiple of the k tile, N below one tile and not a multiple of the gate/up block
 rows run split-K too, gemv rows every cluster size. Grouped rows (mixture-of-experts calls)
 run routings that reach every path of their scheduler: balanced and skewed, empty experts,
 sizes summing under T (rows of zeros), negative sizes and a sum past T, few tokens over many
-experts, and one token. The per-form files of this folder add only their special cases.
+experts, one token, and an expert of more token tiles than a band (its tiles walked in bands,
+the last one short). The per-form files of this folder add only their special cases.
 """
 
 import jax.numpy as jnp
@@ -81,6 +82,9 @@ ROUTINGS = {
     "defined": (300, [-5, 120, 0, 90, 200, 7, -1, 40]),  # negatives and a sum past T
     "decode": (16, [0] * 20 + [3, 0, 1, 4] + [0] * 36 + [8, 0, 0, 0]),  # 64 experts
     "one token": (1, [0, 0, 0, 1, 0, 0, 0, 0]),
+    # Past every grouped row's band (ffi/kernels/schedulers/expert_groups.cuh) on 132 SMs, in
+    # several bands with a short last one.
+    "heavy": (3000, [2600, 0, 301, 99]),
 }
 
 
