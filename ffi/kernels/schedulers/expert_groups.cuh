@@ -26,6 +26,8 @@
 // tile's (epilogue/direct_store.cuh, epilogue/swap_ab_epilogue.cuh).
 #pragma once
 
+#include <cstdlib>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/grid_dependency_control.h>
 #include <cutlass/cutlass.h>
@@ -94,13 +96,34 @@ CUTLASS_HOST_DEVICE constexpr GroupTileCoord BandedGroupTile(uint32_t local, uin
 
 // Token tiles per band: a round of `sms` tiles then spans about as many bytes of x (band
 // token tiles) as of weights (sms / band column tiles), the band whose rounds touch the
-// fewest bytes (the square root of sms * tile_columns / tile_tokens).
+// fewest bytes (the square root of sms * tile_columns / tile_tokens); but at most as many token
+// tiles as fill a quarter of the L2 with x rows over the whole K (`x_tile_bytes` each), so
+// that the band's x stays in the L2 while the column tiles' weights stream past it (at long K
+// a band of the square root spills, and its x rows come from DRAM again round after round).
+// An unknown L2 (0) leaves the band uncapped.
 CUTLASS_HOST_DEVICE constexpr uint32_t TokenTilesPerBand(int sms, int tile_tokens,
-                                                         int tile_columns) {
+                                                         int tile_columns, int64_t x_tile_bytes,
+                                                         int64_t l2_bytes) {
   const uint64_t target = static_cast<uint64_t>(sms > 0 ? sms : 1) *
                           static_cast<uint64_t>(tile_columns) / static_cast<uint64_t>(tile_tokens);
   uint32_t band = 1;
   while (static_cast<uint64_t>(band + 1) * (band + 1) <= target) ++band;
+  const int64_t fit = x_tile_bytes > 0 && l2_bytes > 0 ? l2_bytes / 4 / x_tile_bytes : band;
+  return fit < 1 ? 1u : (fit < band ? static_cast<uint32_t>(fit) : band);
+}
+
+// A control run's band, from JAX_SWIGLU_GROUPED_BANDS (read once per process): 0 walks an
+// expert's token tiles fastest over the whole expert, N > 0 takes bands of N token tiles; unset
+// (or not a number), -1: the band TokenTilesPerBand gives.
+inline int GroupedBandOverride() {
+  static const int band = [] {
+    const char* text = std::getenv("JAX_SWIGLU_GROUPED_BANDS");
+    char* end = nullptr;
+    const long value = text != nullptr ? std::strtol(text, &end, 10) : -1;
+    return text != nullptr && end != text && *end == '\0' && value >= 0 && value < (1L << 20)
+               ? static_cast<int>(value)
+               : -1;
+  }();
   return band;
 }
 
@@ -126,9 +149,13 @@ static_assert(BandedWalkVisitsEveryTileOnce(7, 3, 2) && BandedWalkVisitsEveryTil
               "the banded walk must visit each of an expert's tiles once");
 static_assert(BandedGroupTile(5, 4, 3, 8).m == 1 && BandedGroupTile(5, 4, 3, 8).n == 1,
               "an expert within one band walks token tiles fastest over the whole expert");
-static_assert(TokenTilesPerBand(132, 256, 192) == 9 && TokenTilesPerBand(132, 16, 128) == 32 &&
-                  TokenTilesPerBand(1, 256, 128) == 1,
-              "bands from the SM count and the tile's sides");
+static_assert(TokenTilesPerBand(132, 256, 192, 256 * 2048 * 2, 50 << 20) == 9 &&
+                  TokenTilesPerBand(132, 256, 192, 256 * 7168 * 2, 50 << 20) == 3 &&
+                  TokenTilesPerBand(132, 256, 192, 256 * 7168 * 2, 0) == 9 &&
+                  TokenTilesPerBand(132, 16, 128, 16 * 4096 * 2, 50 << 20) == 32 &&
+                  TokenTilesPerBand(1, 256, 128, 256 * 4096 * 2, 50 << 20) == 1 &&
+                  TokenTilesPerBand(132, 256, 192, int64_t{256} * 65536 * 2, 16 << 20) == 1,
+              "bands from the SM count, the tile's sides and the L2");
 
 // CUTLASS's persistent scheduler interface over the grouped tiles above. Every thread of a
 // warp walks the same tiles; the walk is warp-cooperative (32 experts per step: one size
@@ -189,7 +216,14 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
     params.tiles_n =
         (static_cast<int32_t>(cute::get<kSwapAb ? 0 : 1>(shape)) + kTileColumns - 1) / kTileColumns;
     params.k_tiles = (static_cast<int32_t>(cute::get<2>(shape)) + kTileK - 1) / kTileK;
-    params.band = TokenTilesPerBand(SmCount(hw_info), kTileTokens, kTileColumns);
+    // 0: one band of every token tile the call could give an expert.
+    const int band = GroupedBandOverride();
+    params.band =
+        band < 0    ? TokenTilesPerBand(SmCount(hw_info), kTileTokens, kTileColumns,
+                                        XTileBytes(kTileTokens, cute::get<2>(shape)),
+                                        L2Bytes(hw_info))
+        : band == 0 ? static_cast<uint32_t>((params.tokens + kTileTokens - 1) / kTileTokens + 1)
+                    : static_cast<uint32_t>(band);
     return params;
   }
 
@@ -198,6 +232,20 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
     return hw_info.sm_count > 0
                ? hw_info.sm_count
                : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
+  }
+
+  // A token tile's x rows over the whole K: grouped rows take 16-bit operands
+  // (kernel_configs.h).
+  static int64_t XTileBytes(int tile_tokens, int64_t k) { return int64_t{tile_tokens} * k * 2; }
+
+  // The L2 of hw_info's device (0 where the query fails: then no cap on the band).
+  static int64_t L2Bytes(cutlass::KernelHardwareInfo const& hw_info) {
+    int bytes = 0;
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, hw_info.device_id) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return bytes;
   }
 
   // One CTA per SM, or one per tile where the call has fewer tiles at most.
