@@ -113,8 +113,8 @@ CUTLASS_HOST_DEVICE constexpr uint32_t TokenTilesPerBand(int sms, int tile_token
 }
 
 // A control run's band, from JAX_SWIGLU_GROUPED_BANDS (read once per process): 0 walks an
-// expert's token tiles fastest over the whole expert, N > 0 takes bands of N token tiles; unset
-// (or not a number), -1: the band TokenTilesPerBand gives.
+// expert's token tiles fastest over the whole expert, N > 0 takes bands of N token tiles. -1
+// (the variable unset or not a whole number): the band TokenTilesPerBand gives.
 inline int GroupedBandOverride() {
   static const int band = [] {
     const char* text = std::getenv("JAX_SWIGLU_GROUPED_BANDS");
