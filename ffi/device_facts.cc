@@ -11,6 +11,21 @@
 
 namespace jax_swiglu {
 
+namespace {
+
+// JAX_SWIGLU_GROUPED_BANDS as DeviceFacts::grouped_band: unset or not a whole number, 0 (the
+// rule's bands); "0", -1 (whole experts); "N", N.
+int GroupedBandFromEnvironment() {
+  const char* text = std::getenv("JAX_SWIGLU_GROUPED_BANDS");
+  if (text == nullptr) return 0;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || value < 0 || value >= (1L << 20)) return 0;
+  return value == 0 ? -1 : static_cast<int>(value);
+}
+
+}  // namespace
+
 std::string CurrentDeviceFacts(DeviceFacts* facts) {
   static std::mutex mutex;
   static std::map<int, DeviceFacts> cache;
@@ -37,6 +52,13 @@ std::string CurrentDeviceFacts(DeviceFacts* facts) {
   if (err != cudaSuccess) {
     return std::string("cudaDeviceGetAttribute failed: ") + cudaGetErrorString(err);
   }
+  int l2 = 0;
+  if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device) == cudaSuccess) {
+    read.l2_bytes = l2;
+  } else {
+    (void)cudaGetLastError();  // an unknown L2 leaves the bands uncapped
+  }
+  read.grouped_band = GroupedBandFromEnvironment();
   cache[device] = read;
   *facts = read;
   return {};

@@ -864,14 +864,13 @@ NB_MODULE(_kernels, m) {
     const bool ok = jax_swiglu::CurrentDeviceFacts(&facts).empty();
     d["sm_count"] = ok ? facts.sm_count : 0;
     d["compute_capability"] = ok ? facts.cc_major * 10 + facts.cc_minor : 0;
-    int l2 = 0, memory_khz = 0, bus_bits = 0;
+    int memory_khz = 0, bus_bits = 0;
     if (ok) {
-      cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, facts.device);
       cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, facts.device);
       cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, facts.device);
       (void)cudaGetLastError();
     }
-    d["l2_bytes"] = l2;
+    d["l2_bytes"] = ok ? facts.l2_bytes : 0;
     // Peak DRAM bandwidth from the memory clock (double data rate) and the bus width.
     d["dram_bytes_per_s"] = 2.0 * 1e3 * memory_khz * (bus_bits / 8);
     // Clusters of 2-16 CTAs that fit at once (a size the part cannot hold is left out).

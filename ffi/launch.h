@@ -96,6 +96,11 @@ struct DeviceFacts {
   // the stream's previous kernel drains, and waits (griddepcontrol.wait) before its first
   // global-memory access. On unless JAX_SWIGLU_PDL=0 (read once per process).
   bool programmatic_launch = true;
+  // The L2's bytes (0: unknown), which bound a grouped call's bands of token tiles.
+  int64_t l2_bytes = 0;
+  // Grouped calls' bands (schedulers/expert_groups.cuh): 0 the rule's; for control runs in one
+  // build, JAX_SWIGLU_GROUPED_BANDS=0 walks whole experts (-1 here) and =N takes bands of N.
+  int grouped_band = 0;
 };
 
 // The launch attributes every fused kernel shares, written to `attrs` (room for 2): the

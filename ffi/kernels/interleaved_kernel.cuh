@@ -236,6 +236,8 @@ struct InterleavedAssembly {
       auto args = GemmArguments<Kernel>(shape, mainloop, p, facts);
       args.scheduler.group_sizes = p.group_sizes;
       args.scheduler.experts = static_cast<int>(p.experts);
+      args.scheduler.l2_bytes = facts.l2_bytes;
+      args.scheduler.band = facts.grouped_band;
       return args;
     } else {
       return GemmArguments<Kernel>(shape, {a, stride_a, b, stride_b}, p, facts);

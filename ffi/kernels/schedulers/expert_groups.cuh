@@ -26,8 +26,6 @@
 // tile's (epilogue/direct_store.cuh, epilogue/swap_ab_epilogue.cuh).
 #pragma once
 
-#include <cstdlib>
-
 #include <cute/tensor.hpp>
 #include <cutlass/arch/grid_dependency_control.h>
 #include <cutlass/cutlass.h>
@@ -112,21 +110,6 @@ CUTLASS_HOST_DEVICE constexpr uint32_t TokenTilesPerBand(int sms, int tile_token
   return fit < 1 ? 1u : (fit < band ? static_cast<uint32_t>(fit) : band);
 }
 
-// A control run's band, from JAX_SWIGLU_GROUPED_BANDS (read once per process): 0 walks an
-// expert's token tiles fastest over the whole expert, N > 0 takes bands of N token tiles. -1
-// (the variable unset or not a whole number): the band TokenTilesPerBand gives.
-inline int GroupedBandOverride() {
-  static const int band = [] {
-    const char* text = std::getenv("JAX_SWIGLU_GROUPED_BANDS");
-    char* end = nullptr;
-    const long value = text != nullptr ? std::strtol(text, &end, 10) : -1;
-    return text != nullptr && end != text && *end == '\0' && value >= 0 && value < (1L << 20)
-               ? static_cast<int>(value)
-               : -1;
-  }();
-  return band;
-}
-
 // The walk visits every tile of an expert exactly once, whatever the band (checked here, at
 // compile time, on sizes with ragged last bands, one band, and bands of one token tile).
 constexpr bool BandedWalkVisitsEveryTileOnce(uint32_t tiles_m, uint32_t tiles_n, uint32_t band) {
@@ -173,6 +156,8 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
   struct Arguments : Base::Arguments {
     const int32_t* group_sizes;  // [experts], on the device
     int experts;
+    int64_t l2_bytes;  // the device's (0: unknown, no cap on the band)
+    int band;  // 0: TokenTilesPerBand's; -1: whole experts; N > 0: N (DeviceFacts::grouped_band)
   };
 
   struct Params : Base::Params {
@@ -216,14 +201,14 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
     params.tiles_n =
         (static_cast<int32_t>(cute::get<kSwapAb ? 0 : 1>(shape)) + kTileColumns - 1) / kTileColumns;
     params.k_tiles = (static_cast<int32_t>(cute::get<2>(shape)) + kTileK - 1) / kTileK;
-    // 0: one band of every token tile the call could give an expert.
-    const int band = GroupedBandOverride();
+    // -1: one band of every token tile the call could give an expert.
     params.band =
-        band < 0    ? TokenTilesPerBand(SmCount(hw_info), kTileTokens, kTileColumns,
-                                        XTileBytes(kTileTokens, cute::get<2>(shape)),
-                                        L2Bytes(hw_info))
-        : band == 0 ? static_cast<uint32_t>((params.tokens + kTileTokens - 1) / kTileTokens + 1)
-                    : static_cast<uint32_t>(band);
+        arguments.band == 0
+            ? TokenTilesPerBand(SmCount(hw_info), kTileTokens, kTileColumns,
+                                XTileBytes(kTileTokens, cute::get<2>(shape)), arguments.l2_bytes)
+        : arguments.band < 0
+            ? static_cast<uint32_t>((params.tokens + kTileTokens - 1) / kTileTokens + 1)
+            : static_cast<uint32_t>(arguments.band);
     return params;
   }
 
@@ -237,16 +222,6 @@ class ExpertGroupsScheduler : public cutlass::gemm::kernel::detail::PersistentTi
   // A token tile's x rows over the whole K: grouped rows take 16-bit operands
   // (kernel_configs.h).
   static int64_t XTileBytes(int tile_tokens, int64_t k) { return int64_t{tile_tokens} * k * 2; }
-
-  // The L2 of hw_info's device (0 where the query fails: then no cap on the band).
-  static int64_t L2Bytes(cutlass::KernelHardwareInfo const& hw_info) {
-    int bytes = 0;
-    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, hw_info.device_id) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return bytes;
-  }
 
   // One CTA per SM, or one per tile where the call has fewer tiles at most.
   template <class ProblemShapeMNK, class BlockShape, class ClusterShape>
