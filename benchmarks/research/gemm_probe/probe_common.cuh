@@ -1,4 +1,5 @@
-// What the probe programs (probe.cu, trace.cu) share: error checks, the Qwen2.5 MLP shapes,
+// What the probe programs (probe.cu, trace.cu) share: error checks, the Qwen2.5 MLP shapes
+// (or GEMM_PROBE_SHAPES),
 // and random bf16 inputs rotated through more than the L2 (RotatingInputs). Included by one
 // translation unit per program.
 #pragma once
@@ -9,6 +10,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #define CHECK_CUDA(call)                                                              \
@@ -79,6 +82,30 @@ struct RotatingInputs {
     for (auto* p : ws) CHECK_CUDA(cudaFree(p));
   }
 };
+
+// The shapes a probe runs: GEMM_PROBE_SHAPES="KxN,KxN,..." (named by it), else kModels.
+std::vector<Model> ProbeShapes() {
+  static std::vector<std::string> names;
+  std::vector<Model> shapes;
+  const char* text = std::getenv("GEMM_PROBE_SHAPES");
+  if (text == nullptr || *text == '\0') return {std::begin(kModels), std::end(kModels)};
+  std::string list(text);
+  names.clear();
+  names.reserve(list.size());  // no reallocation: the Models point into these strings
+  for (size_t start = 0; start < list.size();) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    names.push_back(list.substr(start, end - start));
+    int k = 0, n = 0;
+    if (std::sscanf(names.back().c_str(), "%dx%d", &k, &n) != 2 || k <= 0 || n <= 0) {
+      std::fprintf(stderr, "GEMM_PROBE_SHAPES: '%s' is not KxN\n", names.back().c_str());
+      std::exit(2);
+    }
+    shapes.push_back({names.back().c_str(), k, n});
+    start = end + 1;
+  }
+  return shapes;
+}
 
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());

@@ -4,7 +4,9 @@
 # cuBLAS. Arguments: the M values. For each IDLE_MS value (default "0 30": sustained load,
 # then short bursts; see probe.cu) writes $OUT/gemm_probe-idle<ms>.json, .md
 # and -clocks.csv (nvidia-smi's SM clock and power draw through the run).
-# PLAIN_IDS and FUSED_IDS (default "0 1") name the interleaved configs to time.
+# PLAIN_IDS (may be empty) and FUSED_IDS (default "0 1") name the interleaved configs to time;
+# GEMM_PROBE_SHAPES="KxN,..." replaces the Qwen2.5 shapes; BUILD keeps the binary for a rerun
+# (e.g. under ncu).
 #   OUT=dir IDLE_MS="0 30" bash benchmarks/research/gemm_probe/run.sh 2048 8192
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -17,7 +19,7 @@ mkdir -p "$OUT" "$BUILD"
 . benchmarks/research/gemm_probe/build_env.sh
 echo "CUTLASS: $CUTLASS_INCLUDE; cuBLAS: $CUBLAS_HEADER, $CUBLAS_LIBRARY"
 # The interleaved configs (ffi/kernel_configs.h) to time as plain GEMMs and as fused kernels.
-PLAIN_IDS=${PLAIN_IDS:-0 1}
+PLAIN_IDS=${PLAIN_IDS-0 1}
 FUSED_IDS=${FUSED_IDS:-0 1}
 # One kernel per translation unit, compiled in parallel (each takes about a minute).
 units=()
