@@ -17,6 +17,9 @@ calibrates the fp8 kernel's rows instead (weights quantized per channel), promot
 At large M the candidates the cost model puts far behind are not timed (--prune).
 ``--configs`` times only those rows' launches (a new or changed kernel row): the merge adds
 them to the entries the data already holds, which keep their other launches and XLA times.
+Beside them it times --anchors of the shipped entry's fastest other launches again
+(``anchor_us``), and the merge scales the new times by the entry's over the run's times of
+those, so rows timed on different days compare as if timed together.
 """
 
 from __future__ import annotations
@@ -79,6 +82,18 @@ def pruned(launches, problem, device, factor: float, keep: int, prune_above_m: i
     return [launch for i, launch in enumerate(launches) if i in chosen]
 
 
+def anchor_launches(previous, launches, configs, count):
+    """Of ``launches`` (this build's candidates), the ``count`` that ``previous`` (the shipped
+    entry at the row's problem, or None) timed fastest, leaving out the rows of ``configs``
+    (the ones the run measures anew): the anchors a --configs run times again."""
+    if previous is None or count <= 0:
+        return []
+    others = {measure.launch_id(launch): launch for launch in launches
+              if launch.row.id not in configs}
+    timed = sorted((us, launch) for launch, us in previous.launch_us.items() if launch in others)
+    return [others[launch] for _, launch in timed[:count]]
+
+
 _weights_cache: dict = {}
 
 
@@ -98,17 +113,24 @@ def calibrate_row(name, m, dtype, args, device, key):
     problem = selection.Problem(m, n, k, jnp.dtype(dtype).name, args.operands,
                                 accumulation=args.accumulation)
     launches = measure.candidate_launches(problem)
+    anchors = []
     if args.configs:
+        shipped = _data.shipped(device.kind)
+        previous = shipped.exact(problem.data_dtype, m, n, k) if shipped is not None else None
+        anchors = anchor_launches(previous, launches, args.configs, args.anchors)
         launches = [launch for launch in launches if launch.row.id in args.configs]
     launches = pruned(launches, problem, device, args.prune, args.keep, args.prune_above_m)
     inputs = measure.make_inputs(key, problem, 0, weights=_weights(name, problem, key))
-    native = measure.time_launches(problem, launches, samples=args.samples, key=key,
+    native = measure.time_launches(problem, launches + anchors, samples=args.samples, key=key,
                                    inputs=inputs)
+    anchor_ids = {measure.launch_id(launch) for launch in anchors}
+    timed = {launch: r["us"] for launch, r in native.items() if r["error"] is None and r["us"]}
     row = {"model": name, "dtype": problem.data_dtype, "output_dtype": problem.dtype,
            "m": m, "n": n, "k": k,
-           "launch_us": {launch: r["us"] for launch, r in native.items()
-                         if r["error"] is None and r["us"]},
+           "launch_us": {launch: us for launch, us in timed.items() if launch not in anchor_ids},
            "errors": {launch: r["error"] for launch, r in native.items() if r["error"]}}
+    if anchors:
+        row["anchor_us"] = {launch: us for launch, us in timed.items() if launch in anchor_ids}
     if m in args.jax_m and row["launch_us"] and not args.configs:
         by_id = {measure.launch_id(launch): launch for launch in launches}
         fastest = sorted(row["launch_us"], key=row["launch_us"].get)[:args.jax_finalists]
@@ -144,6 +166,9 @@ def main(argv=None):
                         help="start no new row after this many seconds")
     parser.add_argument("--configs", nargs="*", type=int, default=None,
                         help="time only these rows' launches (merged into the existing entries)")
+    parser.add_argument("--anchors", type=int, default=2,
+                        help="with --configs: the shipped entry's fastest other launches timed "
+                             "again, which scale the new times to the entry's run")
     parser.add_argument("--out", default="calibration.json")
     parser.add_argument("--note", action="append", default=[])
     args = parser.parse_args(argv)

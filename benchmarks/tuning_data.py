@@ -127,6 +127,23 @@ def empty_document(device: dict) -> dict:
             "configs": {}, "entries": []}
 
 
+def anchor_scale(row: dict, previous: dict | None) -> float:
+    """What a --configs run's times are multiplied by to join an entry timed on another day:
+    the geometric mean of the entry's times of the row's anchors (launches the run timed
+    again beside its own rows, ``anchor_us``) over the run's times of them. Runs on different
+    days (another machine, its clocks) differ by a few percent as a whole; the learned rule
+    compares launches within an entry, so a new row joins at the entry's day. 1 without
+    anchors the entry also holds."""
+    if previous is None:
+        return 1.0
+    ratios = [previous["launch_us"][launch] / us
+              for launch, us in (row.get("anchor_us") or {}).items()
+              if us > 0 and previous["launch_us"].get(launch)]
+    if not ratios:
+        return 1.0
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
 def merge(document: dict, calibration: dict, *, include_held_out: bool = False) -> int:
     """Adds a calibration's rows to ``document`` (in place); returns the entries written."""
     facts = calibration["environment"]["device_facts"]
@@ -143,17 +160,21 @@ def merge(document: dict, calibration: dict, *, include_held_out: bool = False) 
     document["configs"].update(calibration["configs"])
     entries = {(e["dtype"], e["m"], e["n"], e["k"]): e for e in document["entries"]}
     written = 0
+    scales = []
     for row in calibration["rows"]:
         if not row["launch_us"] or (held_out(row, calibration) and not include_held_out):
             continue
         key = (row["dtype"], row["m"], row["n"], row["k"])
-        launch_us = {k: round(v, 3) for k, v in sorted(row["launch_us"].items())}
-        entry = {"dtype": row["dtype"], "m": row["m"], "n": row["n"], "k": row["k"],
-                 "launch_us": launch_us, "calibration": name}
         previous = entries.get(key)
         partial_run = bool(calibration.get("only_configs"))
         if partial_run and previous is None:
             continue  # some rows' launches alone do not say which launch is fastest there
+        scale = anchor_scale(row, previous) if partial_run else 1.0
+        if scale != 1.0:
+            scales.append(scale)
+        launch_us = {k: round(v * scale, 3) for k, v in sorted(row["launch_us"].items())}
+        entry = {"dtype": row["dtype"], "m": row["m"], "n": row["n"], "k": row["k"],
+                 "launch_us": launch_us, "calibration": name}
         legacy = (calibration.get("method") == LEGACY_METHOD and previous is not None
                   and document["calibrations"][previous["calibration"]]["method"]
                   == LEGACY_METHOD)
@@ -181,6 +202,10 @@ def merge(document: dict, calibration: dict, *, include_held_out: bool = False) 
         entries[key] = entry
         written += 1
     document["entries"] = [entries[key] for key in sorted(entries)]
+    if scales:
+        print(f"{name}: {len(scales)} rows joined their entries' days through anchors, "
+              f"times x{min(scales):.3f}-{max(scales):.3f} (geomean "
+              f"{math.exp(sum(map(math.log, scales)) / len(scales)):.3f})")
     return written
 
 

@@ -328,6 +328,49 @@ def test_a_calibration_of_some_rows_joins_the_entries_it_measured(tmp_path):
     assert sorted(entries) == [(1, 14336)]
 
 
+def test_a_calibration_of_some_rows_joins_at_the_entrys_day_through_its_anchors(tmp_path):
+    """A --configs run that timed the entry's launch a again (its anchor) 10 % faster than the
+    entry's run did ran on a faster day: its new launch b joins at the entry's day, 10 % slower
+    than timed; a's time stays the entry's. Without anchors the times join as timed."""
+    first = _calibration([_cal_row("llama-3-8b", 1, 80.0, 55.0),
+                          _cal_row("llama-3-8b", 2048, 600.0, 900.0)])
+    anchored = _cal_row("llama-3-8b", 1, 0.0, 50.0, anchor_us={_key(CONFIGS["a"]): 80.0 / 1.1})
+    del anchored["launch_us"][_key(CONFIGS["a"])]
+    plain = _cal_row("llama-3-8b", 2048, 0.0, 880.0)
+    del plain["launch_us"][_key(CONFIGS["a"])]
+    second = {**_calibration([anchored, plain], git="def5678"), "only_configs": [18]}
+    paths = []
+    for i, calibration in enumerate((first, second)):
+        paths.append(tmp_path / f"c{i}.json")
+        paths[-1].write_text(json.dumps(calibration))
+    data = tmp_path / "data.json"
+    tuning_data.main([str(p) for p in paths] + ["--data", str(data)])
+    entries = {e["m"]: e for e in json.loads(data.read_text())["entries"]}
+    assert entries[1]["launch_us"] == {_key(CONFIGS["a"]): 80.0, _key(CONFIGS["b"]): 55.0}
+    assert entries[2048]["launch_us"] == {_key(CONFIGS["a"]): 600.0, _key(CONFIGS["b"]): 880.0}
+    # Anchors the entry never timed say nothing about its day.
+    assert tuning_data.anchor_scale({"anchor_us": {"other": 1.0}}, entries[1]) == 1.0
+    assert tuning_data.anchor_scale({"anchor_us": {"other": 1.0}}, None) == 1.0
+
+
+def test_calibrate_anchors_are_the_entrys_fastest_other_launches():
+    """A --configs run's anchors: the shipped entry's fastest launches that this build can
+    run, none of the rows the run measures anew; none without an entry."""
+    from types import SimpleNamespace
+
+    def launch(row_id, key, splits=1):
+        return SimpleNamespace(row=SimpleNamespace(id=row_id, key=key), splits=splits)
+
+    candidates = [launch(2, "k2"), launch(18, "k18"), launch(18, "k18", splits=2),
+                  launch(40, "k40"), launch(44, "k44")]
+    previous = SimpleNamespace(launch_us={"k2": 90.0, "k18": 50.0, "k18|splits=2": 45.0,
+                                          "k44": 70.0, "gone": 10.0})
+    chosen = calibrate.anchor_launches(previous, candidates, [18], 2)
+    assert [(c.row.key, c.splits) for c in chosen] == [("k44", 1), ("k2", 1)]
+    assert calibrate.anchor_launches(None, candidates, [18], 2) == []
+    assert calibrate.anchor_launches(previous, candidates, [18], 0) == []
+
+
 def test_cross_validation_leaves_each_shape_out(tmp_path, monkeypatch):
     """Leave one shape out: a shape's entries are judged by the rule learned from the others
     alone. Config b wins everywhere but on one shape, which no other shape predicts: that
