@@ -234,6 +234,17 @@ def _cal_row(model, m, a_us, b_us, **extra):
             **extra}
 
 
+def _merged(tmp_path, *calibrations, extra=()):
+    """The tuning data file ``tuning_data`` writes from ``calibrations`` (oldest first)."""
+    paths = []
+    for i, calibration in enumerate(calibrations):
+        paths.append(tmp_path / f"c{i}.json")
+        paths[-1].write_text(json.dumps(calibration))
+    data = tmp_path / "data.json"
+    tuning_data.main([str(p) for p in paths] + ["--data", str(data), *extra])
+    return json.loads(data.read_text())
+
+
 def test_tuning_data_merges_runs_and_keeps_held_out_rows_out(tmp_path):
     first = _calibration([_cal_row("llama-3-8b", 1, 80.0, 55.0),
                           _cal_row("llama-3-8b", 5, 80.0, 56.0),  # a held-out M
@@ -241,14 +252,7 @@ def test_tuning_data_merges_runs_and_keeps_held_out_rows_out(tmp_path):
     second = _calibration([_cal_row("llama-3-8b", 1, 79.0, 54.0, xla_us=60.0,
                                     cupti_us={_key(CONFIGS["b"]): 53.0}),
                            _cal_row("llama-3-8b", 2048, 600.0, 900.0)], git="def5678")
-    paths = []
-    for i, calibration in enumerate((first, second)):
-        paths.append(tmp_path / f"c{i}.json")
-        paths[-1].write_text(json.dumps(calibration))
-    data = tmp_path / "data.json"
-    tuning_data.main([str(p) for p in paths] + ["--data", str(data), "--report",
-                                                str(tmp_path / "r.md")])
-    document = json.loads(data.read_text())
+    document = _merged(tmp_path, first, second, extra=("--report", str(tmp_path / "r.md")))
     assert document["format"] == "jax_swiglu-tuning/1"
     assert sorted(document["calibrations"]) == ["2026-01-02-abc1234", "2026-01-02-def5678"]
     assert document["calibrations"]["2026-01-02-def5678"]["cutlass"] == "4.2.0.0"
@@ -288,19 +292,14 @@ def test_a_run_that_times_no_xla_keeps_the_entrys_earlier_xla_time(tmp_path):
                                    cupti_us={_key(CONFIGS["b"]): 53.0})])
     second = _calibration([_cal_row("llama-3-8b", 192, 78.0, 52.0)], git="def5678")
     third = _calibration([_cal_row("llama-3-8b", 192, 77.0, 51.0)], git="0a1b2c3")
-    paths = []
-    for i, calibration in enumerate((first, second, third)):
-        paths.append(tmp_path / f"c{i}.json")
-        paths[-1].write_text(json.dumps(calibration))
-    data = tmp_path / "data.json"
-    tuning_data.main([str(p) for p in paths] + ["--data", str(data)])
-    [entry] = json.loads(data.read_text())["entries"]
+    document = _merged(tmp_path, first, second, third)
+    [entry] = document["entries"]
     assert entry["launch_us"] == {_key(CONFIGS["a"]): 77.0, _key(CONFIGS["b"]): 51.0}
     assert entry["calibration"] == "2026-01-02-0a1b2c3"
     assert entry["xla_us"] == 60.0 and entry["cupti_us"] == {_key(CONFIGS["b"]): 53.0}
     assert entry["xla_calibration"] == "2026-01-02-abc1234"  # through two later runs
     from jax_swiglu.selection import _data
-    assert _data.TuningData(json.loads(data.read_text())).entries[0].xla_us == 60.0
+    assert _data.TuningData(document).entries[0].xla_us == 60.0
 
 
 def test_a_calibration_of_some_rows_joins_the_entries_it_measured(tmp_path):
@@ -313,13 +312,7 @@ def test_a_calibration_of_some_rows_joins_the_entries_it_measured(tmp_path):
     del b_only["launch_us"][_key(CONFIGS["a"])]
     second = {**_calibration([b_only, _cal_row("llama-3-8b", 2048, 600.0, 900.0)],
                              git="def5678"), "only_configs": [18]}
-    paths = []
-    for i, calibration in enumerate((first, second)):
-        paths.append(tmp_path / f"c{i}.json")
-        paths[-1].write_text(json.dumps(calibration))
-    data = tmp_path / "data.json"
-    tuning_data.main([str(p) for p in paths] + ["--data", str(data)])
-    entries = {(e["m"], e["n"]): e for e in json.loads(data.read_text())["entries"]}
+    entries = {(e["m"], e["n"]): e for e in _merged(tmp_path, first, second)["entries"]}
     joined = entries[1, 14336]
     assert joined["launch_us"] == {_key(CONFIGS["a"]): 80.0, _key(CONFIGS["b"]): 50.0}
     assert joined["launch_calibration"] == {_key(CONFIGS["a"]): "2026-01-02-abc1234",
@@ -339,13 +332,7 @@ def test_a_calibration_of_some_rows_joins_at_the_entrys_day_through_its_anchors(
     plain = _cal_row("llama-3-8b", 2048, 0.0, 880.0)
     del plain["launch_us"][_key(CONFIGS["a"])]
     second = {**_calibration([anchored, plain], git="def5678"), "only_configs": [18]}
-    paths = []
-    for i, calibration in enumerate((first, second)):
-        paths.append(tmp_path / f"c{i}.json")
-        paths[-1].write_text(json.dumps(calibration))
-    data = tmp_path / "data.json"
-    tuning_data.main([str(p) for p in paths] + ["--data", str(data)])
-    entries = {e["m"]: e for e in json.loads(data.read_text())["entries"]}
+    entries = {e["m"]: e for e in _merged(tmp_path, first, second)["entries"]}
     assert entries[1]["launch_us"] == {_key(CONFIGS["a"]): 80.0, _key(CONFIGS["b"]): 55.0}
     assert entries[2048]["launch_us"] == {_key(CONFIGS["a"]): 600.0, _key(CONFIGS["b"]): 880.0}
     # Anchors the entry never timed say nothing about its day.
