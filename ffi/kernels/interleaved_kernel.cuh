@@ -175,7 +175,7 @@ struct InterleavedAssembly {
   using Epilogue = cute::conditional_t<
       kSwapAb,
       SwapAbSwiGluEpilogue<ElementD, TileShape, kActivation, kFp8,
-                           cute::conditional_t<kGrouped, ExpertTileRows, PlainTileRows>>,
+                           cute::conditional_t<kGrouped, ExpertTileRows, DenseTileRows>>,
       SwiGluEpilogue<ElementD, TileShape, Pairs, Store, Scales>>;
 
   // CUTLASS's cluster is (M, N) of its tile: swap-AB's packed columns first.
@@ -187,11 +187,12 @@ struct InterleavedAssembly {
   // CUTLASS's loads, with the math loop of promotion in halves where the row asks for it.
   using Built = cute::conditional_t<kConfig.accumulation == Accumulation::PromotedInHalves,
                                     PromotionInHalvesMainloop<Builders>, Builders>;
-  // Tokens on M with the direct store: edge tiles' x loads are kept inside x (edge_tiles.cuh).
-  static constexpr bool kShiftedRows = !kSwapAb && Store::kShiftedRows;
+  // Edge tiles' x loads are kept inside x (edge_tiles.cuh): tokens on M with the direct store,
+  // and every dense swap-AB row (its epilogue stores from DenseTileRows).
+  static constexpr bool kShiftedRows = kSwapAb ? !kGrouped : Store::kShiftedRows;
   using EdgeMainloop = cute::conditional_t<
       kGrouped, ExpertGroupsMainloop<Built, kSwapAb>,
-      cute::conditional_t<kShiftedRows, EdgeTileMainloop<Built>, Built>>;
+      cute::conditional_t<kShiftedRows, EdgeTileMainloop<Built, kSwapAb>, Built>>;
   using Mainloop = cute::conditional_t<kSplitTail, SplitTailMainloop<EdgeMainloop>, EdgeMainloop>;
   using Scheduler = cute::conditional_t<
       kGrouped, ExpertGroupsPersistentScheduler<kSwapAb>,

@@ -24,8 +24,9 @@
 // the empty load side is EpilogueWithoutSource's. The fp8 kernel's form (Scaled) multiplies
 // gate and up by their token's and packed column's scales (epilogue/scales.cuh) before the
 // activation. `Rows` says which tokens of a tile are its own
-// (TileRows, mainloop/edge_tiles.cuh: PlainTileRows for dense calls, ExpertTileRows for
-// grouped ones, schedulers/expert_groups.cuh).
+// (TileRows, mainloop/edge_tiles.cuh: DenseTileRows for dense calls, whose last token tile
+// loads the tokens that end at M, ExpertTileRows for grouped ones,
+// schedulers/expert_groups.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -43,7 +44,7 @@
 namespace jax_swiglu {
 
 template <class ElementD_, class CtaTileShape_, Activation kActivation, bool kScaled = false,
-          class Rows = PlainTileRows>
+          class Rows = DenseTileRows>
 class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
   using Base = EpilogueWithoutSource<ElementD_>;
 
@@ -196,6 +197,10 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
       CUTLASS_PRAGMA_UNROLL
       for (int chunk = 0; chunk < kChunks; ++chunk) {
         const int chunk_token0 = chunk * kChunkTokens;
+        // Chunks with none of the tile's own tokens (a moved edge tile's first ones, any past
+        // M) store nothing: the same for every thread, so no barrier is skipped by some only.
+        if (chunk_token0 >= own_end) break;
+        if (chunk_token0 + kChunkTokens <= rows.first) continue;
         // [pair of the chunk's 8-token blocks][token of the two]: the scales of the thread's
         // tokens in the blocks it computes (the even ones in a gate thread, the odd ones in an
         // up thread; see below).

@@ -1,4 +1,4 @@
-// Tiles on the edge of the problem along M: where their loads of x start.
+// Tiles on the edge of the problem along the tokens: where their loads of x start.
 //
 // A TMA load whose box lies partly or wholly outside the tensor fills the outside part with
 // zeros, and on Hopper that is slow enough to show in the kernel's time, more so the more of
@@ -9,7 +9,9 @@
 // there (M - tile_m .. M - 1), and the epilogue stores only the rows that are the tile's own
 // (>= tile * tile_m; none for a tile wholly outside). With M < tile_m nothing can move and the
 // box keeps its zeros. Along N the weight boxes stay: a partial one measured no slower, and a
-// tile wholly outside that a 1x2 cluster pads costs the wave it adds, not its loads.
+// tile wholly outside that a 1x2 cluster pads costs the wave it adds, not its loads. The
+// swap-AB form's token tiles (x is the wgmma's B there, the tokens its N) move the same way:
+// left in place, its last token tile ran slower the fewer tokens it held.
 // docs/design.md points at the measurements.
 #pragma once
 
@@ -37,15 +39,6 @@ struct TileRows {
   bool zeros;
 };
 
-// A dense tile's rows where its loads start at the tile itself (TMA fills rows past T with
-// zeros): the swap-AB form's token tiles.
-struct PlainTileRows {
-  template <int kTileM>
-  CUTLASS_HOST_DEVICE static TileRows Of(int /*m_total*/, int m_coord, int /*l_coord*/) {
-    return {m_coord * kTileM, 0, kTileM, false};
-  }
-};
-
 // A dense tile's rows: its own start, moved inside x at the edge as above.
 struct DenseTileRows {
   template <int kTileM>
@@ -56,9 +49,11 @@ struct DenseTileRows {
 };
 
 // CUTLASS's SM90 TMA mainloop `Base` with its producer's x loads moved as above; the math
-// (mma, mma_tail) is Base's. Pair it only with an epilogue that stores an edge tile's rows
-// from EdgeTileOrigin (SwiGluEpilogue's direct store: kShiftedRows).
-template <class Base>
+// (mma, mma_tail) is Base's. x is Base's A (tokens on M) or, with kXIsB, its B (swap-AB: the
+// tokens are N). Pair it only with an epilogue that stores an edge tile's rows from
+// EdgeTileOrigin (SwiGluEpilogue's direct store: kShiftedRows; the swap-AB epilogue with
+// DenseTileRows).
+template <class Base, bool kXIsB = false>
 struct EdgeTileMainloop : Base {
   using typename Base::MainloopPipeline;
   using typename Base::Params;
@@ -66,16 +61,21 @@ struct EdgeTileMainloop : Base {
   using typename Base::TensorStorage;
   using typename Base::TileShape;
 
-  // Base's tiled views of x and the packed weights, plus x whole (to cut moved tiles from)
-  // and M.
+  // Base's tiled views of the weights and x, plus x whole (to cut moved tiles from) and the
+  // token count.
   template <class ProblemShapeMNKL>
   CUTLASS_DEVICE auto load_init(ProblemShapeMNKL const& problem_shape_mnkl,
                                 Params const& params) const {
     using namespace cute;
     auto [m, n, k, l] = problem_shape_mnkl;
     auto tiled = Base::load_init(problem_shape_mnkl, params);
-    Tensor x_mkl = params.tma_load_a.get_tma_tensor(make_shape(m, k, l));  // (m, k, l)
-    return make_tuple(get<0>(tiled), get<1>(tiled), x_mkl, static_cast<int>(m));
+    if constexpr (kXIsB) {
+      Tensor x_nkl = params.tma_load_b.get_tma_tensor(make_shape(n, k, l));  // (n, k, l)
+      return make_tuple(get<0>(tiled), get<1>(tiled), x_nkl, static_cast<int>(n));
+    } else {
+      Tensor x_mkl = params.tma_load_a.get_tma_tensor(make_shape(m, k, l));  // (m, k, l)
+      return make_tuple(get<0>(tiled), get<1>(tiled), x_mkl, static_cast<int>(m));
+    }
   }
 
   template <class TensorA, class TensorB, class TensorX, class KTileIterator, class BlockCoord>
@@ -86,14 +86,25 @@ struct EdgeTileMainloop : Base {
                            int thread_idx, uint32_t block_rank_in_cluster,
                            TensorStorage& shared_tensors) {
     using namespace cute;
-    constexpr int kTileM = size<0>(TileShape{});
-    const int m_coord = static_cast<int>(get<0>(blk_coord));
-    // Tile m_coord of this view of x starts at EdgeTileOrigin (its own start but at the edge).
-    const int shift = EdgeTileOrigin(m_coord, kTileM, get<3>(inputs)) - m_coord * kTileM;
-    Tensor x_tiles = local_tile(domain_offset(make_coord(shift, 0, 0), get<2>(inputs)),
-                                TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});
-    Base::load(params, pipeline, smem_pipe_write, make_tuple(x_tiles, get<1>(inputs)), blk_coord,
-               k_tile_iter, k_tile_count, thread_idx, block_rank_in_cluster, shared_tensors);
+    constexpr int kXMode = kXIsB ? 1 : 0;
+    constexpr int kTileTokens = size<kXMode>(TileShape{});
+    const int token_tile = static_cast<int>(get<kXMode>(blk_coord));
+    // Token tile `token_tile` of this view of x starts at EdgeTileOrigin (its own start but at
+    // the edge).
+    const int shift =
+        EdgeTileOrigin(token_tile, kTileTokens, get<3>(inputs)) - token_tile * kTileTokens;
+    Tensor moved = domain_offset(make_coord(shift, 0, 0), get<2>(inputs));
+    if constexpr (kXIsB) {
+      Tensor x_tiles = local_tile(moved, TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
+      Base::load(params, pipeline, smem_pipe_write, make_tuple(get<0>(inputs), x_tiles),
+                 blk_coord, k_tile_iter, k_tile_count, thread_idx, block_rank_in_cluster,
+                 shared_tensors);
+    } else {
+      Tensor x_tiles = local_tile(moved, TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});
+      Base::load(params, pipeline, smem_pipe_write, make_tuple(x_tiles, get<1>(inputs)),
+                 blk_coord, k_tile_iter, k_tile_count, thread_idx, block_rank_in_cluster,
+                 shared_tensors);
+    }
   }
 };
 
