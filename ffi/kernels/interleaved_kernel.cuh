@@ -123,6 +123,21 @@ using CollectiveMainloopFor = typename cutlass::gemm::collective::CollectiveBuil
     cutlass::gemm::collective::StageCountAutoCarveout<kCarveoutBytes>,
     typename KernelScheduleFor<kSchedule, kAccumulation>::type>::CollectiveOp;
 
+// The swap-AB epilogue's chunk of tokens (swap_ab_epilogue.cuh): 32 (half the barriers of 16)
+// unless 16 leave the mainloop a stage more, by the stage count CUTLASS's builder fits beside
+// each one's shared memory (`BuildersBeside<carveout bytes>`).
+template <bool kSwapAb, template <int> class SwapAbEpilogue, template <int> class BuildersBeside>
+constexpr int SwapAbChunkTokens() {
+  if constexpr (kSwapAb) {
+    constexpr int wide = BuildersBeside<SwapAbEpilogue<32>::kSharedBytes>::DispatchPolicy::Stages;
+    constexpr int narrow =
+        BuildersBeside<SwapAbEpilogue<16>::kSharedBytes>::DispatchPolicy::Stages;
+    return narrow > wide ? 16 : 32;
+  } else {
+    return 32;  // no swap-AB epilogue
+  }
+}
+
 // CUTLASS's mma_promotion_interval for a problem's fp8_promotion: fast accumulation is an
 // interval no k loop reaches (a multiple of any k tile's wgmma count, as CUTLASS checks), so
 // the only promotion is the one after the last k tile.
@@ -172,18 +187,22 @@ struct InterleavedAssembly {
                          kSplitTail, cute::conditional_t<kGrouped, ExpertTileRows, DenseTileRows>>;
   using Scales = cute::conditional_t<
       kFp8, TokenAndColumnScales<kConfig.tile_m, kConfig.tile_n, Store::kShiftedRows>, NoScales>;
-  using Epilogue = cute::conditional_t<
-      kSwapAb,
-      SwapAbSwiGluEpilogue<ElementD, TileShape, kActivation, kFp8,
-                           cute::conditional_t<kGrouped, ExpertTileRows, DenseTileRows>>,
-      SwiGluEpilogue<ElementD, TileShape, Pairs, Store, Scales>>;
-
   // CUTLASS's cluster is (M, N) of its tile: swap-AB's packed columns first.
   static constexpr int kClusterM = kSwapAb ? kConfig.cluster_n : kConfig.cluster_m;
   static constexpr int kClusterN = kSwapAb ? kConfig.cluster_m : kConfig.cluster_n;
-  using Builders = CollectiveMainloopFor<Element, TileShape, LayoutA, LayoutB, kClusterM,
-                                         kClusterN, kConfig.schedule, kConfig.accumulation,
-                                         Epilogue::kSharedBytes>;
+  template <int kCarveoutBytes>
+  using BuildersBeside =
+      CollectiveMainloopFor<Element, TileShape, LayoutA, LayoutB, kClusterM, kClusterN,
+                            kConfig.schedule, kConfig.accumulation, kCarveoutBytes>;
+  template <int kChunkTokens>
+  using SwapAbEpilogue =
+      SwapAbSwiGluEpilogue<ElementD, TileShape, kActivation, kFp8,
+                           cute::conditional_t<kGrouped, ExpertTileRows, DenseTileRows>,
+                           kChunkTokens>;
+  using Epilogue = cute::conditional_t<
+      kSwapAb, SwapAbEpilogue<SwapAbChunkTokens<kSwapAb, SwapAbEpilogue, BuildersBeside>()>,
+      SwiGluEpilogue<ElementD, TileShape, Pairs, Store, Scales>>;
+  using Builders = BuildersBeside<Epilogue::kSharedBytes>;
   // CUTLASS's loads, with the math loop of promotion in halves where the row asks for it.
   using Built = cute::conditional_t<kConfig.accumulation == Accumulation::PromotedInHalves,
                                     PromotionInHalvesMainloop<Builders>, Builders>;

@@ -14,9 +14,10 @@
 // holds 2 tokens per column, the output rows are column-contiguous) and leave in 16-byte
 // stores of 8 columns of one token. A pass is 128 packed rows (64 output columns): one 64-row
 // block of each warpgroup in the cooperative schedule, two blocks of its one warpgroup in
-// pingpong; a 256-row tile runs two. A pass goes in chunks of 32 tokens, so the shared memory
-// held is one chunk's exchange and outputs whatever the tile's width: the mainloop keeps the
-// rest for its stages.
+// pingpong; a 256-row tile runs two. A pass goes in chunks of kChunkTokens (16 or 32) tokens,
+// so the shared memory held is one chunk's exchange and outputs whatever the tile's width: the
+// mainloop keeps the rest for its stages. The assembly takes 32-token chunks (half the
+// barriers) unless 16 leave the mainloop one stage more (SwapAbChunkTokens below).
 //
 // It implements the epilogue interface of CUTLASS's SM90 cooperative and pingpong
 // GemmUniversal kernels, which call it only for the work unit that completes a tile (after the
@@ -44,7 +45,7 @@
 namespace jax_swiglu {
 
 template <class ElementD_, class CtaTileShape_, Activation kActivation, bool kScaled = false,
-          class Rows = DenseTileRows>
+          class Rows = DenseTileRows, int kChunkTokens_ = 32>
 class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
   using Base = EpilogueWithoutSource<ElementD_>;
 
@@ -70,8 +71,10 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
   // wgmma layout keeps 4 values per 8-token block (2 tokens x 2 rows), blocks in order.
   static constexpr int kBlockValues = kTileTokens / 2;
   static constexpr int kTokenBlockValues = 4;
-  // A chunk: 4 blocks of 8 tokens (the last may be shorter).
-  static constexpr int kChunkTokens = 32;
+  // A chunk: 2 or 4 blocks of 8 tokens (the last may be shorter); whole pairs of blocks, a
+  // gate thread's and an up thread's.
+  static constexpr int kChunkTokens = kChunkTokens_;
+  static_assert(kChunkTokens == 16 || kChunkTokens == 32, "2 or 4 blocks of 8 tokens");
   static constexpr int kChunkValues = kChunkTokens / 8 * kTokenBlockValues;
   static constexpr int kChunks = (kBlockValues + kChunkValues - 1) / kChunkValues;
   static_assert(kTileTokens % 8 == 0, "whole 8-token blocks");
