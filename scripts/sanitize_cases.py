@@ -48,8 +48,10 @@ SANITIZER_XLA_FLAGS = ("--xla_gpu_autotune_level=0", "--xla_gpu_enable_command_b
 
 EDGE_M = (1, 63, 65, 129)  # one row; around the 64-row (pingpong) and 128-row tiles
 GEMV_M = (1, 2, 3, 4, 7, 8, 11, 16)  # the gemv rows' tokens: each row's most, one below it
-# Outputs per million a fast-accumulation row may put past the line (tests/kernels/
-# criterion.py's FAST_OFF_PER_MILLION: the tensor cores add all of K).
+# Outputs per million an e4m3 row may put past the line, at least one (tests/kernels/
+# criterion.py's allowances): promoted sums (the tensor cores' k-tile sums) and fast ones (all
+# of K in the tensor cores).
+FEW_OFF_PER_MILLION = 3.0
 FAST_OFF_PER_MILLION = 20000.0
 SMALL, LARGE = "qwen2.5-0.5b", "qwen2.5-72b"  # (896, 4864) and (8192, 29568)
 
@@ -200,7 +202,7 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
     planned = sum(len(ms(launch.row)) for launch in launches) * len(models)
     print(f"PLAN tool={tool} cases={planned}")
     cases = wrong = 0
-    quantized = {}
+    quantized, quantized_reference = {}, {}
     for launch in launches:
         row = launch.row
         fp8 = row.operands == "e4m3"
@@ -242,12 +244,18 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
                         raise AssertionError(f"the CUDA lowering uses config {lowered}")
                     y = jax.block_until_ready(fn(*args))
                     if fp8:
-                        expected = np.asarray(jax_swiglu.swiglu_reference_quantized(x, weights),
-                                              np.float32)
+                        # Once per shape at the most rows (x is quantized per row, so the
+                        # first m rows are each case's): its fp32 weights are large, and a
+                        # copy per case ran an 80 GB GPU out of memory under memcheck.
+                        if model not in quantized_reference:
+                            quantized_reference[model] = np.asarray(
+                                jax_swiglu.swiglu_reference_quantized(
+                                    jax.device_put(x_all), weights), np.float32)
+                        expected = quantized_reference[model][:m]
                     off, rel_fro = check(y, expected)
-                    # Fast accumulation: the kernel suite's allowance (criterion.py).
-                    allowed = (FAST_OFF_PER_MILLION * y.size / 1e6
-                               if row.fast_accumulation else 0)
+                    # The kernel suite's allowances (criterion.py).
+                    allowed = (0 if not fp8 else max(1.0, y.size / 1e6 * (
+                        FAST_OFF_PER_MILLION if row.fast_accumulation else FEW_OFF_PER_MILLION)))
                     verdict = "OK" if off <= allowed and rel_fro < 1e-2 else "WRONG"
                     detail = f"off={off} rel_fro={rel_fro:.3g}"
                 except Exception as error:  # noqa: BLE001 (reported, counted, carried on)
