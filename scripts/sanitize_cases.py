@@ -247,7 +247,7 @@ def run(tool: str, m_values, models, allow_reference: bool) -> int:
                     if fp8:
                         # Once per shape at the most rows (x is quantized per row, so the
                         # first m rows are each case's): its fp32 weights are large, and a
-                        # copy per case ran an 80 GB GPU out of memory under memcheck.
+                        # copy per case can exhaust the GPU's memory under memcheck.
                         if model not in quantized_reference:
                             quantized_reference[model] = np.asarray(
                                 jax_swiglu.swiglu_reference_quantized(
