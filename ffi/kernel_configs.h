@@ -114,7 +114,10 @@
 // warpgroups 128 each, like cuBLAS's 256-row mid-M tiles): a k step loads 1.6 times the bytes
 // for twice the products (fewer bytes from L2 per product), and half as many tiles fill the
 // rounds differently; it wins some shapes where two 160-token tiles suit M. Its stream-K twin
-// (67) won fewer and stays Optional.
+// (67) won fewer and stays Optional. Rows 68 and 69 are row 44 and 65 with their clusters
+// along the tokens instead (68: 2 token tiles share each weight tile; 69: 2 x 2, x and the
+// weights both multicast): at two token tiles every weight tile then leaves the L2 once,
+// where rows 44/65 read it once per token tile.
 // X(id, family, operands, accumulation, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
 //   cluster_n, scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \
@@ -185,7 +188,9 @@
   X(64, Interleaved, Fp8E4m3, Promoted, Cooperative, Weights, 160, 128, 128, 1, 2, Persistent, DirectStore, 1, Optional) \
   X(65, Interleaved, Bits16, Promoted, Pingpong, Weights, 160, 128, 64, 1, 4, Persistent, DirectStore, 1, Always) \
   X(66, Interleaved, Bits16, Promoted, Cooperative, Weights, 160, 256, 64, 1, 2, Persistent, DirectStore, 1, Always) \
-  X(67, Interleaved, Bits16, Promoted, Cooperative, Weights, 160, 256, 64, 1, 1, StreamK, DirectStore, 1, Optional)
+  X(67, Interleaved, Bits16, Promoted, Cooperative, Weights, 160, 256, 64, 1, 1, StreamK, DirectStore, 1, Optional) \
+  X(68, Interleaved, Bits16, Promoted, Pingpong, Weights, 160, 128, 64, 2, 1, Persistent, DirectStore, 1, Always) \
+  X(69, Interleaved, Bits16, Promoted, Pingpong, Weights, 160, 128, 64, 2, 2, Persistent, DirectStore, 1, Always)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
@@ -348,19 +353,22 @@ constexpr bool IsValidRow(const KernelConfig& c) {
   }
   if (c.m_side == MmaMSide::Weights) {
     // Swap-AB: passes of 128 packed columns (whole gate/up pairs per 64-row block), tokens in
-    // steps of 8 up to a wgmma's 256, clusters only along the packed columns (multicasting x),
-    // the direct store after the pairing (swap_ab_epilogue.cuh). Cooperative (CUTLASS's
-    // stream-K runs only there), or pingpong on whole tiles for many rounds of them: one
-    // warpgroup holds a tile's 128 x tokens fp32 accumulators, so at most 160 tokens.
-    // CuTe's TMA for the x tile takes whole pairs of its 8-row swizzle atoms, and a cluster's
-    // CTAs each load 1/cluster_n of it in whole atoms.
+    // steps of 8 up to a wgmma's 256, the direct store after the pairing
+    // (swap_ab_epilogue.cuh). Cooperative (CUTLASS's stream-K runs only there), or pingpong
+    // on whole tiles for many rounds of them: one warpgroup holds a tile's 128 x tokens fp32
+    // accumulators, so at most 160 tokens. Clusters along the packed columns multicast x
+    // (cluster_n), along the tokens the weights (cluster_m: a few token tiles then read each
+    // weight tile from the L2 once, not once per token tile). CuTe's TMA for the x tile
+    // takes whole pairs of its 8-row swizzle atoms, and a cluster's CTAs each load
+    // 1/cluster_n of it in whole atoms.
     const bool schedule =
         c.schedule == Schedule::Cooperative ||
         (c.schedule == Schedule::Pingpong && c.tile_n == 128 && c.tile_m <= 160 &&
          c.scheduler == TileScheduler::Persistent && c.operands == Operands::Bits16);
     return schedule && c.tile_n % 128 == 0 && c.tile_m % 16 == 0 && c.tile_m <= 256 &&
-           c.cluster_m == 1 && (c.cluster_n == 1 || c.cluster_n == 2 || c.cluster_n == 4) &&
-           c.tile_m % (8 * c.cluster_n) == 0 &&
+           (c.cluster_m == 1 || c.cluster_m == 2) &&
+           (c.cluster_n == 1 || c.cluster_n == 2 || c.cluster_n == 4) &&
+           c.cluster_m * c.cluster_n <= 4 && c.tile_m % (8 * c.cluster_n) == 0 &&
            c.scheduler != TileScheduler::SplitTail && c.store == OutputStore::DirectStore &&
            c.m_bands == 1;
   }

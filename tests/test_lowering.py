@@ -167,7 +167,8 @@ def test_config_table_is_exposed():
         assert config.operands in _native.OPERANDS
         if config.m_side == "weights" and not config.is_gemv:  # swap-AB: 16..256 tokens
             assert config.tile_m % 16 == 0 and config.tile_m <= 256
-            assert config.tile_m % (8 * config.cluster_n) == 0 and config.cluster_m == 1
+            assert config.tile_m % (8 * config.cluster_n) == 0
+            assert config.cluster_m in (1, 2) and config.cluster_m * config.cluster_n <= 4
             assert "swap-AB" in config.describe()
 
 
