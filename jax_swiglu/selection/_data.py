@@ -220,7 +220,10 @@ class TuningData:
     def competitive(self, dtype: str, m: int, n: int, k: int, margin: float = 1.15) -> set | None:
         """Launch ids within ``margin`` of the fastest at one of the measured problems nearest
         to (m, n, k): the candidates worth predicting there (a launch never close to the best
-        nearby is not trusted to win on an extrapolated correction). None without data near."""
+        nearby is not trusted to win on an extrapolated correction). None without data near.
+        Each nearby time is first carried to (m, n, k) by the cost model (times the model's
+        time here over its time there): a neighbour whose M fills whole token tiles, or whole
+        clusters of them, would otherwise rule out the launches that suit the M asked."""
         here = _log_point(m, n, k)
         near = sorted(self.rule.from_each_shape(
             [(_log_point(e.m, e.n, e.k), i)
@@ -231,9 +234,29 @@ class TuningData:
             return None
         found = set()
         for entry in near:
-            best = min(entry.launch_us.values())
-            found |= {launch for launch, us in entry.launch_us.items() if us <= margin * best}
+            at_m = dataclasses.replace(entry.problem, m=m)
+            carried = {launch: us * self._model_ratio(launch, at_m, entry.problem)
+                       for launch, us in entry.launch_us.items() if us and us > 0}
+            best = min(carried.values())
+            found |= {launch for launch, us in carried.items() if us <= margin * best}
         return found
+
+    @functools.cached_property
+    def _model_device(self):
+        return _device.device_from_dict(self.device, local=False)
+
+    def _model_ratio(self, launch: str, here: _model.Problem, there: _model.Problem) -> float:
+        """The cost model's time of ``launch`` at ``here`` over its time at ``there`` (1 where
+        the data does not describe the launch's config)."""
+        key, splits = parse_launch_id(launch)
+        config = self.config(key)
+        if config is None:
+            return 1.0
+        device = self._model_device
+        times = [_model.launch_us(config, splits, problem, device.sm_count,
+                                  device.dram_bytes_per_s, self.constants, device.cluster_slots)
+                 for problem in (here, there)]
+        return times[0] / times[1] if times[0] > 0 and times[1] > 0 else 1.0
 
     @functools.cached_property
     def _grouped_by_launch(self) -> dict:
