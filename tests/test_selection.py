@@ -194,7 +194,6 @@ def test_a_shape_measured_at_many_m_speaks_once_on_each_side(engine):
     assert factor == pytest.approx(1.0, rel=1e-3), factor  # M = 7 and 9 of each, equally far
 
 
-
 def test_launches_compete_at_the_m_asked_not_at_the_neighbours(engine):
     """Which launches the rule predicts is judged on the neighbours' times carried to the
     call's M by the cost model: at M = 256 a 2x1 cluster of 128-token tiles fills whole
@@ -209,6 +208,7 @@ def test_launches_compete_at_the_m_asked_not_at_the_neighbours(engine):
     predicted = _engine.predict(data, H200, [PREFILL, clustered], "bfloat16",
                                 _model.Problem(300, 32768, 4096), fake_split_choices)
     assert min(predicted, key=predicted.get)[0] == PREFILL.key, predicted
+
 
 FP8_TOKENS = config(110, operands="e4m3", tile_n=128, tile_k=128, cluster_m=2,
                     accumulation="promoted-in-halves")

@@ -221,9 +221,10 @@ class TuningData:
         """Launch ids within ``margin`` of the fastest at one of the measured problems nearest
         to (m, n, k): the candidates worth predicting there (a launch never close to the best
         nearby is not trusted to win on an extrapolated correction). None without data near.
-        Each nearby time is first carried to (m, n, k) by the cost model (times the model's
-        time here over its time there): a neighbour whose M fills whole token tiles, or whole
-        clusters of them, would otherwise rule out the launches that suit the M asked."""
+        Each nearby time is first carried to the call's M by the cost model (times the model's
+        time at that M over its time at the neighbour's, on the neighbour's N and K): a
+        neighbour whose M fills whole token tiles, or whole clusters of them, would otherwise
+        rule out the launches that suit the M asked."""
         here = _log_point(m, n, k)
         near = sorted(self.rule.from_each_shape(
             [(_log_point(e.m, e.n, e.k), i)
