@@ -16,7 +16,8 @@ calibrates the fp8 kernel's rows instead (weights quantized per channel), promot
 --accumulation fast.
 At large M the candidates the cost model puts far behind are not timed (--prune).
 ``--configs`` times only those rows' launches (a new or changed kernel row): the merge adds
-them to the entries the data already holds, which keep their other launches and XLA times.
+them to the entries the data already holds, which keep their other launches and XLA times
+(problems the data holds no entry for are left out before timing: choose its M).
 Beside them it times --anchors of the shipped entry's fastest other launches again
 (``anchor_us``), and the merge scales the new times by the entry's over the run's times of
 those, so rows timed on different days compare as if timed together.
@@ -63,6 +64,20 @@ def plan(shapes, ms):
         return sum(m > edge for edge in BANDS)
     return sorted(((name, m) for m in ms for name in shapes),
                   key=lambda row: (band(row[1]), shapes.index(row[0]), row[1]))
+
+
+def joinable(rows, shipped, data_dtype):
+    """(the rows a --configs run can merge, the M values left out): such a run times only
+    some rows' launches, and the merge adds them to the shipped entry at the same problem
+    (tuning_data.py), so a problem the data has no entry for would be timed for nothing."""
+    keep, left_out = [], set()
+    for name, m in rows:
+        k, n = shapes_lib.mlp_shape(name)
+        if shipped is not None and shipped.exact(data_dtype, m, n, k) is not None:
+            keep.append((name, m))
+        else:
+            left_out.add(m)
+    return keep, sorted(left_out)
 
 
 def pruned(launches, problem, device, factor: float, keep: int, prune_above_m: int):
@@ -192,6 +207,14 @@ def main(argv=None):
     if args.configs:
         result["only_configs"] = sorted(args.configs)
     rows = plan(shapes, ms)
+    if args.configs:
+        data_dtype = selection.Problem(1, 128, 128, jnp.dtype(args.dtype).name, args.operands,
+                                       accumulation=args.accumulation).data_dtype
+        rows, left_out = joinable(rows, _data.shipped(device.kind), data_dtype)
+        if left_out:
+            print(f"--configs: no shipped {data_dtype} entry to join at M = "
+                  f"{', '.join(map(str, left_out))} on some or all shapes; those rows are not "
+                  "timed (calibrate without --configs there)", flush=True)
     start = time.perf_counter()
     key = jax.random.key(0)
     for i, (name, m) in enumerate(rows):

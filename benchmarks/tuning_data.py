@@ -161,6 +161,7 @@ def merge(document: dict, calibration: dict, *, include_held_out: bool = False) 
     entries = {(e["dtype"], e["m"], e["n"], e["k"]): e for e in document["entries"]}
     written = 0
     scales = []
+    unjoined = set()
     for row in calibration["rows"]:
         if not row["launch_us"] or (held_out(row, calibration) and not include_held_out):
             continue
@@ -168,6 +169,7 @@ def merge(document: dict, calibration: dict, *, include_held_out: bool = False) 
         previous = entries.get(key)
         partial_run = bool(calibration.get("only_configs"))
         if partial_run and previous is None:
+            unjoined.add(row["m"])
             continue  # some rows' launches alone do not say which launch is fastest there
         scale = anchor_scale(row, previous) if partial_run else 1.0
         if scale != 1.0:
@@ -202,6 +204,9 @@ def merge(document: dict, calibration: dict, *, include_held_out: bool = False) 
         entries[key] = entry
         written += 1
     document["entries"] = [entries[key] for key in sorted(entries)]
+    if unjoined:
+        print(f"{name}: rows at M = {', '.join(map(str, sorted(unjoined)))} left out: a "
+              "--configs run joins existing entries, and there were none")
     if scales:
         print(f"{name}: {len(scales)} rows joined their entries' days through anchors, "
               f"times x{min(scales):.3f}-{max(scales):.3f} (geomean "

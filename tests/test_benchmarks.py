@@ -340,6 +340,22 @@ def test_a_calibration_of_some_rows_joins_at_the_entrys_day_through_its_anchors(
     assert tuning_data.anchor_scale({"anchor_us": {"other": 1.0}}, None) == 1.0
 
 
+def test_a_configs_run_times_only_problems_the_data_can_join():
+    """calibrate --configs leaves out the (shape, M) rows with no shipped entry of the dtype
+    (the merge would drop them), and says which M."""
+    from types import SimpleNamespace
+
+    k, n = shapes.mlp_shape("llama-3-8b")
+    held = {("bfloat16", 176, n, k), ("bfloat16", 208, n, k)}
+    shipped = SimpleNamespace(exact=lambda dtype, m, n_, k_: (
+        object() if (dtype, m, n_, k_) in held else None))
+    rows = calibrate.plan(["llama-3-8b"], [176, 240, 208])
+    assert calibrate.joinable(rows, shipped, "bfloat16") == (
+        [("llama-3-8b", 176), ("llama-3-8b", 208)], [240])
+    assert calibrate.joinable(rows, shipped, "float8_e4m3fn") == ([], [176, 208, 240])
+    assert calibrate.joinable(rows, None, "bfloat16") == ([], [176, 208, 240])
+
+
 def test_calibrate_anchors_are_the_entrys_fastest_other_launches():
     """A --configs run's anchors: the shipped entry's fastest launches that this build can
     run, none of the rows the run measures anew; none without an entry."""
