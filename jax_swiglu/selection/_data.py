@@ -178,7 +178,7 @@ class TuningData:
     def _by_launch(self) -> dict:
         """launch id -> [(dtype, log m, log n, log k, log(measured / model))], for the
         correction; the model is evaluated with this data's own device."""
-        device = _device.device_from_dict(self.device, local=False)
+        device = self._model_device
         table: dict = {}
         for entry in self.entries:
             for launch, us in entry.launch_us.items():
@@ -244,6 +244,7 @@ class TuningData:
 
     @functools.cached_property
     def _model_device(self):
+        """The data's own device, as the cost model evaluates it (not the local GPU)."""
         return _device.device_from_dict(self.device, local=False)
 
     def _model_ratio(self, launch: str, here: _model.Problem, there: _model.Problem) -> float:
@@ -263,7 +264,7 @@ class TuningData:
     def _grouped_by_launch(self) -> dict:
         """(config key, routing) -> [(dtype, point, log(measured / model))] of the grouped
         entries, the model evaluated with this data's own device."""
-        device = _device.device_from_dict(self.device, local=False)
+        device = self._model_device
         table: dict = {}
         for entry in self.grouped_entries:
             groups = _model.routings(entry.m, entry.experts)[entry.routing]
