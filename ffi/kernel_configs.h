@@ -119,7 +119,9 @@
 // weights both multicast): at two token tiles every weight tile then leaves the L2 once,
 // where rows 44/65 read it once per token tile. Rows 70 and 71 are cooperative 208- and
 // 176-token tiles with their clusters along the tokens the same way, for M that nearly fills
-// two or four such tiles (the pingpong tile holds at most 160 tokens).
+// two or four such tiles (the pingpong tile holds at most 160 tokens). Row 72 is the
+// cooperative 160-token tile in the same clusters under stream-K: where the weight tiles
+// leave the last round of clusters nearly empty, the round is spread over every SM.
 // X(id, family, operands, accumulation, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
 //   cluster_n, scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \
@@ -194,7 +196,8 @@
   X(68, Interleaved, Bits16, Promoted, Pingpong, Weights, 160, 128, 64, 2, 1, Persistent, DirectStore, 1, Always) \
   X(69, Interleaved, Bits16, Promoted, Pingpong, Weights, 160, 128, 64, 2, 2, Persistent, DirectStore, 1, Always) \
   X(70, Interleaved, Bits16, Promoted, Cooperative, Weights, 208, 128, 64, 2, 1, Persistent, DirectStore, 1, Always) \
-  X(71, Interleaved, Bits16, Promoted, Cooperative, Weights, 176, 128, 64, 2, 1, Persistent, DirectStore, 1, Always)
+  X(71, Interleaved, Bits16, Promoted, Cooperative, Weights, 176, 128, 64, 2, 1, Persistent, DirectStore, 1, Always) \
+  X(72, Interleaved, Bits16, Promoted, Cooperative, Weights, 160, 128, 64, 2, 1, StreamK, DirectStore, 1, Always)
 
 // The gated activations act(g) of act(g) * u. Every config is compiled for each (the
 // activation is a compile-time parameter of the epilogue, so each costs its own kernel);
