@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_swiglu, calibrate, report, shapes, tuning_data
+from benchmarks import bench_swiglu, calibrate, report, shapes, tensor_parallel, tuning_data
 from helpers import requires_kernels
 
 REPO = Path(__file__).resolve().parents[1]
@@ -555,8 +555,15 @@ def test_tensor_parallel_script_on_host_devices(tmp_path):
     result_ = json.loads(json_path.read_text())
     assert result_["complete"] and result_["nccl_nvls_enable"] == "0"
     [row_] = result_["rows"]
-    assert row_["check"]["tp_vs_one_gpu"]["mismatches"] == 0
-    assert row_["check"]["tp_vs_fp32"]["mismatches"] == 0
+    check = row_["check"]
+    # fp32 partial sums reproduce one device within the kernel tolerance; bf16 ones (the
+    # default, as XLA's MLP) round each partial, which newer XLA keeps on host devices too, so
+    # they are held to the script's norm bound, and must not be worse than XLA's own TP MLP.
+    assert check["tp_fp32_reduce_vs_one_gpu"]["mismatches"] == 0
+    assert check["tp_fp32_reduce_vs_fp32"]["mismatches"] == 0
+    assert check["tp_vs_one_gpu"]["rel_fro"] <= tensor_parallel.DEFAULT_REDUCE_REL_FRO
+    assert check["tp_vs_fp32"]["rel_fro"] <= check["xla_tp_vs_fp32"]["rel_fro"]
+    assert not any(c["nan"] for c in check.values())
     assert row_["all_reduces_in_hlo"] >= 1
 
 

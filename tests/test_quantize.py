@@ -19,7 +19,7 @@ import jax_swiglu
 from jax_swiglu import (QuantizedWeights, dequantize_weights, pack_weights, quantize_tokens,
                         quantize_weights, swiglu, swiglu_reference_quantized)
 
-from jax_swiglu import _primitive, _reference, selection
+from jax_swiglu import _native, _primitive, _reference, selection
 
 from helpers import random_weights, random_x, requires_kernels
 
@@ -415,8 +415,10 @@ def test_the_fp8_gemv_rows_lower_to_their_target():
 def _fp8_row(**fields):
     """The one e4m3 row with ``fields`` (promoted accumulation unless they say otherwise)."""
     fields.setdefault("accumulation", "promoted")
-    [row] = [row for row in jax_swiglu.kernel_configs().values() if row.operands == "e4m3"
+    [row] = [row for row in _native.all_configs().values() if row.operands == "e4m3"
              and all(getattr(row, k) == v for k, v in fields.items())]
+    if not row.compiled:  # an Optional row: CI builds every config, a default install does not
+        pytest.skip(f"row {row.id} is not in this build (JAX_SWIGLU_ALL_CONFIGS=1 builds it)")
     return row
 
 
