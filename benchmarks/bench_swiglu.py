@@ -101,6 +101,14 @@ def _gpu_samples_ms(fn, args, iterations):
     return list(times) if iterations > 1 else [times]
 
 
+def kernel_names(fn, args) -> list[str]:
+    """The GPU kernels one call of an already warmed-up fn runs, in order, each once (CUPTI):
+    cuBLAS's and XLA's names say which tile and library they chose."""
+    from jax.experimental.mosaic.gpu import profiler
+    _, timings = profiler.measure(fn, aggregate=False)(*args)
+    return list(dict.fromkeys(name for name, _ in timings or ()))
+
+
 def _wall_samples_ms(fn, args, iterations):
     samples = []
     for _ in range(iterations):
@@ -205,6 +213,7 @@ def bench_one(model, m, iterations, key, rounds=ROUNDS, with_peers=True, activat
     fns = {name: jax.jit(lambda xs, ws, variant=variant: [variant(x, w) for x, w in zip(xs, ws)])
            for name, variant in named.items()}
     gpu_ms, wall_ms = measure_side_by_side(fns, (xs, ws), iterations, rounds)
+    row["kernels"] = {name: kernel_names(fns[name], (xs, ws)) for name in ("gemm", "xla")}
     for name, variant in named.items():
         row["gpu_us"][name] = gpu_ms[name] * 1e3 / count
         row["wall_us"][name] = wall_ms[name] * 1e3 / count

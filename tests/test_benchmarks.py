@@ -156,6 +156,20 @@ def test_variants_are_timed_in_interleaved_rounds(monkeypatch):
         bench_swiglu.measure_side_by_side({"a": 1}, (), 2, 0)
 
 
+def test_kernel_names_are_each_kernel_once_in_launch_order(monkeypatch):
+    profiler = pytest.importorskip("jax.experimental.mosaic.gpu.profiler")
+    timings = [("nvjet_sm90_tst_128x152", 0.2), ("loop_convert_fusion", 0.01),
+               ("nvjet_sm90_tst_128x152", 0.2)]
+    seen = []
+    monkeypatch.setattr(profiler, "measure", lambda fn, aggregate: seen.append(aggregate) or (
+        lambda *args: (fn(*args), timings)))
+    assert bench_swiglu.kernel_names(lambda x: x, (1,)) == [
+        "nvjet_sm90_tst_128x152", "loop_convert_fusion"]
+    assert seen == [False]
+    timings = None  # a call that launched nothing
+    assert bench_swiglu.kernel_names(lambda x: x, (1,)) == []
+
+
 def test_remaining_time_estimate():
     assert bench_swiglu.estimate_remaining_s([], [1e9]) == 0.0
     assert bench_swiglu.estimate_remaining_s([(1e9, 10.0)], [1e9, 5e9]) == 20.0

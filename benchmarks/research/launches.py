@@ -26,7 +26,7 @@ import numpy as np
 import jax_swiglu
 from jax_swiglu import _launch
 
-from ..bench_swiglu import fused, make_rotation, measure_side_by_side, variants
+from ..bench_swiglu import fused, kernel_names, make_rotation, measure_side_by_side, variants
 from ..shapes import mlp_shape
 
 
@@ -84,6 +84,7 @@ def main(argv=None):
             us = {name: t * 1e3 / len(sets) for name, t in gpu_ms.items()}
             record = {"model": model, "m": m, "k": k, "n": n, "gpu_us": us,
                       "mismatches": {name: _mismatches(sets, run) for name, run in runs.items()},
+                      "gemm_kernels": kernel_names(fns["gemm"], (xs, ws)),
                       "auto_choice": jax_swiglu.explain(
                           jax.ShapeDtypeStruct((m, k), jnp.bfloat16), ws[0][3])}
             rows.append(record)
@@ -95,7 +96,8 @@ def main(argv=None):
                   f"({us['auto'] / gemm:.3f}); " + ", ".join(
                       f"{name} {t:.1f} ({t / gemm:.3f}, {record['mismatches'][name]} off)"
                       for name, t in us.items() if name.startswith("c"))
-                  + f"; best {best[1]} {best[0] / gemm:.3f}", flush=True)
+                  + f"; best {best[1]} {best[0] / gemm:.3f}; the GEMM ran "
+                  + ", ".join(name[:60] for name in record["gemm_kernels"]), flush=True)
     return rows
 
 
