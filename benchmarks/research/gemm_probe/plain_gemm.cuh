@@ -42,6 +42,8 @@ struct EpilogueScheduleFor<jax_swiglu::Schedule::Pingpong> {
 //    all the same (column-major D^T). With 64-column gate/up blocks, a 128-row weight tile
 //    put gate and up in the two m64 atoms of one warpgroup, so a fused epilogue would have
 //    found each pair in one thread, for any token width (these lost, run 37).
+//    115-117 are cuBLAS's mid-M tile (128 weight columns x 208 tokens, cooperative; the
+//    tile of swap-AB row 70) in 1 x 2, 2 x 2 and 4 x 2 clusters (weights x tokens).
 //  - "K-major weights" (Orientation::kWeightsKMajor): the normal orientation, but the weights
 //    stored [2N, K] (each packed column's K values contiguous, the "TN" layout) instead of
 //    [K, 2N]. Shared memory then swizzles 128 bytes along K for any tile width, where an
@@ -58,7 +60,8 @@ struct ProbeConfig {
 };
 #define GEMM_PROBE_CANDIDATE(id, orientation, schedule, tm, tn, tk, cm, cn)                  \
   ProbeConfig{{id, jax_swiglu::Family::Interleaved, jax_swiglu::Operands::Bits16,          \
-               jax_swiglu::Schedule::schedule, jax_swiglu::MmaMSide::Tokens, tm, tn, tk,    \
+               jax_swiglu::Accumulation::Promoted, jax_swiglu::Schedule::schedule,           \
+               jax_swiglu::MmaMSide::Tokens, tm, tn, tk,                                      \
                cm, cn, jax_swiglu::TileScheduler::Persistent,                               \
                jax_swiglu::OutputStore::TmaStore /* unused: CUTLASS's own epilogue */, 1,   \
                jax_swiglu::Build::Optional},                                                \
@@ -79,6 +82,9 @@ inline constexpr ProbeConfig kCandidates[] = {
     GEMM_PROBE_CANDIDATE(112, kWeightsKMajor, Pingpong, 128, 112, 64, 2, 1)
     GEMM_PROBE_CANDIDATE(113, kWeightsKMajor, Cooperative, 256, 192, 64, 2, 1)
     GEMM_PROBE_CANDIDATE(114, kWeightsKMajor, Cooperative, 128, 224, 64, 2, 1)
+    GEMM_PROBE_CANDIDATE(115, kTransposed, Cooperative, 128, 208, 64, 1, 2)
+    GEMM_PROBE_CANDIDATE(116, kTransposed, Cooperative, 128, 208, 64, 2, 2)
+    GEMM_PROBE_CANDIDATE(117, kTransposed, Cooperative, 128, 208, 64, 4, 2)
 };
 #undef GEMM_PROBE_CANDIDATE
 inline constexpr int kFirstCandidateId = 100;
@@ -133,7 +139,8 @@ struct PlainGemm {
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      typename jax_swiglu::KernelScheduleFor<kConfig.schedule>::type>::CollectiveOp;
+      typename jax_swiglu::KernelScheduleFor<kConfig.schedule,
+                                             kConfig.accumulation>::type>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
                                                       Epilogue, cutlass::gemm::PersistentScheduler>;
