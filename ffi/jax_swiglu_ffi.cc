@@ -768,6 +768,9 @@ NB_MODULE(_kernels, m) {
         std::string err = WithCompiledRow(config, [&](auto id) {
           return jax_swiglu::WithActivation(activation, [&](auto act) {
             return jax_swiglu::WithElement(dtype, [&](auto element) {
+              std::string why = jax_swiglu::NotCompiled<decltype(element), decltype(act)::value>(
+                  jax_swiglu::kConfigs[decltype(id)::value]);
+              if (!why.empty()) return why;
               bytes = jax_swiglu::RowWorkspaceBytes<decltype(id)::value, decltype(element),
                                                     decltype(act)::value>(problem, device);
               return std::string();
@@ -898,6 +901,18 @@ NB_MODULE(_kernels, m) {
 #define JAX_SWIGLU_ACTIVATION_NAME(activation, name) l.append(name);
     JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_ACTIVATION_NAME)
 #undef JAX_SWIGLU_ACTIVATION_NAME
+    return l;
+  });
+  // The activations whose float16 kernels this build compiled (every compiled row has its
+  // bfloat16 kernel of each: kernel_configs.h, ActivationCompiled).
+  m.def("float16_activations", []() {
+    nb::list l;
+#define JAX_SWIGLU_FLOAT16_NAME(activation, name)                                 \
+  if (jax_swiglu::ActivationCompiled(true, jax_swiglu::Activation::activation)) { \
+    l.append(name);                                                               \
+  }
+    JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_FLOAT16_NAME)
+#undef JAX_SWIGLU_FLOAT16_NAME
     return l;
   });
 }

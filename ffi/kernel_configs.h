@@ -122,6 +122,9 @@
 // two or four such tiles (the pingpong tile holds at most 160 tokens). Row 72 is the
 // cooperative 160-token tile in the same clusters under stream-K: where the weight tiles
 // leave the last round of clusters nearly empty, the round is spread over every SM.
+// Row 73 is the pingpong tile of 112 tokens in the same clusters: one warpgroup's epilogue
+// (the swap-AB pairing through shared memory) runs while the other's wgmmas do, which the
+// cooperative rows cannot overlap, and M near a multiple of 112 fills its tiles.
 // X(id, family, operands, accumulation, schedule, m_side, tile_m, tile_n, tile_k, cluster_m,
 //   cluster_n, scheduler, store, m_bands, build)
 #define JAX_SWIGLU_CONFIGS(X)                                                                   \
@@ -197,12 +200,16 @@
   X(69, Interleaved, Bits16, Promoted, Pingpong, Weights, 160, 128, 64, 2, 2, Persistent, DirectStore, 1, Always) \
   X(70, Interleaved, Bits16, Promoted, Cooperative, Weights, 208, 128, 64, 2, 1, Persistent, DirectStore, 1, Always) \
   X(71, Interleaved, Bits16, Promoted, Cooperative, Weights, 176, 128, 64, 2, 1, Persistent, DirectStore, 1, Always) \
-  X(72, Interleaved, Bits16, Promoted, Cooperative, Weights, 160, 128, 64, 2, 1, StreamK, DirectStore, 1, Always)
+  X(72, Interleaved, Bits16, Promoted, Cooperative, Weights, 160, 128, 64, 2, 1, StreamK, DirectStore, 1, Always) \
+  X(73, Interleaved, Bits16, Promoted, Pingpong, Weights, 112, 128, 64, 2, 1, Persistent, DirectStore, 1, Always)
 
-// The gated activations act(g) of act(g) * u. Every config is compiled for each (the
-// activation is a compile-time parameter of the epilogue, so each costs its own kernel);
-// the FFI target names carry the name, and Python's reference (jax_swiglu/_reference.py)
-// defines the same math under the same names.
+// The gated activations act(g) of act(g) * u. The activation is a compile-time parameter of
+// the epilogue, so each costs its own kernel: every compiled row has a bfloat16 kernel of
+// each, and a float16 kernel of SiLU; float16 kernels of the others only with
+// JAX_SWIGLU_ALL_CONFIGS (GELU-gated models, Gemma's, run in bfloat16: their activations
+// overflow float16), which keeps a fresh install's kernels fewer (ActivationCompiled
+// below; ffi/CMakeLists.txt applies the same rule). The FFI target names carry the name, and
+// Python's reference (jax_swiglu/_reference.py) defines the same math under the same names.
 // X(enumerator, name)
 #define JAX_SWIGLU_ACTIVATIONS(X) \
   X(Silu, "silu")                 \
@@ -227,6 +234,21 @@ enum class Activation { JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_ACTIVATION_ENUMERATOR)
 #define JAX_SWIGLU_COUNT_ACTIVATION(enumerator, name) +1
 inline constexpr int kActivationCount = 0 JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_COUNT_ACTIVATION);
 #undef JAX_SWIGLU_COUNT_ACTIVATION
+
+// The activation's name (the FFI targets' and Python's).
+constexpr const char* ActivationName(Activation activation) {
+#define JAX_SWIGLU_ACTIVATION_NAME_CASE(enumerator, name) \
+  if (activation == Activation::enumerator) return name;
+  JAX_SWIGLU_ACTIVATIONS(JAX_SWIGLU_ACTIVATION_NAME_CASE)
+#undef JAX_SWIGLU_ACTIVATION_NAME_CASE
+  return "?";
+}
+
+// Whether a compiled row has its kernel of `activation` with a float16 (else bfloat16)
+// output: see JAX_SWIGLU_ACTIVATIONS.
+constexpr bool ActivationCompiled(bool float16, Activation activation) {
+  return !float16 || activation == Activation::Silu || JAX_SWIGLU_ALL_CONFIGS != 0;
+}
 
 enum class Family { Interleaved, GateThenUp, Gemv };
 enum class Operands { Bits16, Fp8E4m3 };
@@ -254,6 +276,11 @@ struct KernelConfig {
   // Whether this build compiled the row (an Optional row only with JAX_SWIGLU_ALL_CONFIGS).
   constexpr bool compiled() const {
     return build == Build::Always || JAX_SWIGLU_ALL_CONFIGS != 0;
+  }
+  // Whether it compiled the row's kernel of `activation` with a float16 (else bfloat16)
+  // output.
+  constexpr bool compiled(bool float16, Activation activation) const {
+    return compiled() && ActivationCompiled(float16, activation);
   }
   // The M a call needs a multiple of: whole bands of clusters of tiles (m_bands.cuh), else 1.
   constexpr int m_multiple() const { return m_bands > 1 ? m_bands * tile_m * cluster_m : 1; }

@@ -218,6 +218,20 @@ def activations() -> tuple[str, ...]:
 
 
 @functools.cache
+def float16_activations() -> tuple[str, ...]:
+    """The activations whose float16 kernels the extension compiled: SiLU's in a default
+    install, every one with JAX_SWIGLU_ALL_CONFIGS (GELU-gated models run in bfloat16; each
+    kernel costs build time). Every compiled row has its bfloat16 kernel of each."""
+    return () if _kernels is None else tuple(_kernels.float16_activations())
+
+
+def kernels_compiled_for(dtype: str, activation: str) -> bool:
+    """Whether the compiled rows have kernels with a ``dtype`` output and ``activation`` (of
+    ACTIVATIONS): every bfloat16 one, the float16 ones of float16_activations()."""
+    return jnp.dtype(dtype) != jnp.float16 or activation in float16_activations()
+
+
+@functools.cache
 def all_configs() -> dict[int, KernelConfig]:
     """``config id -> KernelConfig`` of every row of the table, compiled in this build or not."""
     if _kernels is None:

@@ -372,13 +372,18 @@ def test_the_autotune_cache_comes_first(engine):
     assert "25.0 us" in decision.reason
 
 
-def test_explain_names_the_source(engine, monkeypatch):
-    engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
+def fake_extension(monkeypatch):
+    """The selection as on an SM90 GPU with an extension that compiled CONFIGS."""
     monkeypatch.setattr(_native, "kernels_available", lambda: True)
     monkeypatch.setattr(selection, "local_gpu_is_sm90", lambda: True)
     monkeypatch.setattr(_native, "kernel_configs", lambda: CONFIGS)
     monkeypatch.setattr(_native, "all_configs", lambda: CONFIGS)
     monkeypatch.setattr(_native, "can_implement", lambda *args, **kwargs: "")
+
+
+def test_explain_names_the_source(engine, monkeypatch):
+    engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
+    fake_extension(monkeypatch)
     monkeypatch.setattr(_native, "targets",
                         lambda: {("interleaved", "16bit", "silu", "bfloat16", False): "t_bf16"})
     p = problem(8)
@@ -391,6 +396,32 @@ def test_explain_names_the_source(engine, monkeypatch):
         "tensor cores' wide side, tiles of 16 tokens), the fastest measured at this shape on "
         "this kind of GPU")
     assert selection.choose(p, kernel="xla").in_words() == "runs plain XLA, as asked (kernel='xla')"
+
+
+def test_a_dtype_and_activation_the_build_lacks_run_xla_or_raise(engine, monkeypatch):
+    """A default install compiles float16 kernels of SiLU only: a float16 GELU call runs the
+    XLA path with a warning that says how to get the kernels, a forced kernel or launch is a
+    clear error, and bfloat16 GELU and float16 SiLU still run the fused kernels."""
+    engine["set_data"]([entry(8, 4096, 4096, {PREFILL: 30.0, DECODE: 20.0})])
+    fake_extension(monkeypatch)
+    monkeypatch.setattr(_native, "float16_activations", lambda: ("silu",))
+    lacking = selection.Problem(8, 4096, 4096, "float16", activation="gelu_tanh")
+    selection._warn_once.cache_clear()
+    with pytest.warns(RuntimeWarning, match="no float16 gelu_tanh kernels.*ALL_CONFIGS=1"):
+        choice = selection.choose(lacking)
+    assert choice.launch is None and "ALL_CONFIGS" in choice.reason
+    assert selection.candidates(lacking) == []
+    with pytest.raises(ValueError, match="kernel='interleaved' was requested, but this build"):
+        selection.choose(lacking, kernel="interleaved")
+    with pytest.raises(ValueError, match="launch=.* was requested, but this build"):
+        selection.choose(lacking, launch=_launch.Launch(DECODE.id))
+    grouped = selection.GroupedProblem(64, 4096, 4096, 8, "float16", "gelu_tanh")
+    selection._warn_once.cache_clear()  # warned once per message
+    with pytest.warns(RuntimeWarning, match="no float16 gelu_tanh kernels"):
+        assert selection.choose_grouped(grouped).launch is None
+    for dtype, activation in (("bfloat16", "gelu_tanh"), ("float16", "silu")):
+        call = selection.Problem(8, 4096, 4096, dtype, activation=activation)
+        assert selection.choose(call).launch.config == DECODE.id
 
 
 @requires_kernels

@@ -175,8 +175,11 @@ def kernels_unusable_reason() -> str | None:
 def candidates(problem: Problem, family: str | None = None) -> list[_native.KernelConfig]:
     """The compiled dense rows of ``problem``'s operands (of ``family`` if given) that can
     run it with their default launch attributes (under fast accumulation, promotion 0; the
-    fast-accumulation rows only there)."""
+    fast-accumulation rows only there); none where the build has no kernels of its output
+    dtype and activation (_native.kernels_compiled_for)."""
     fast = problem.accumulation == "fast"
+    if not _native.kernels_compiled_for(problem.dtype, problem.activation):
+        return []
     return [row for row in _native.kernel_configs().values()
             if row.operands == problem.operands and (family is None or row.family == family)
             and not row.grouped
@@ -205,6 +208,21 @@ def check_forced_launch(launch: _launch.Launch, problem: Problem, kernel: str = 
     if why:
         raise ValueError(f"launch={launch}: {why}")
 
+
+
+def _no_kernel_of(problem: Problem | GroupedProblem, kernel: str, launch) -> Choice | None:
+    """The XLA path's Choice where this build compiled no kernel with ``problem``'s output
+    dtype and activation (float16 GELU outside a JAX_SWIGLU_ALL_CONFIGS build), else None;
+    a forced kernel or launch is then an error."""
+    if _native.kernels_compiled_for(problem.dtype, problem.activation):
+        return None
+    why = (f"this build compiled no {problem.dtype} {problem.activation} kernels (install with "
+           "JAX_SWIGLU_ALL_CONFIGS=1)")
+    if kernel != "auto" or launch is not None:
+        what = f"launch={launch}" if launch is not None else f"kernel={kernel!r}"
+        raise ValueError(f"{what} was requested, but {why}")
+    _warn_once(f"jax_swiglu: {why}; using the XLA path")
+    return Choice(None, why)
 
 
 def _no_fused_kernel(kernel: str, launch, platform: str) -> Choice | None:
@@ -240,7 +258,8 @@ def choose(problem: Problem, *, kernel: str = "auto", launch: _launch.Launch | N
     among every candidate and the XLA path."""
 
     kernel = canonical_kernel(kernel)
-    no_kernel = _no_fused_kernel(kernel, launch, platform)
+    no_kernel = _no_fused_kernel(kernel, launch, platform) or _no_kernel_of(problem, kernel,
+                                                                            launch)
     if no_kernel is not None:
         return no_kernel
 
@@ -354,7 +373,8 @@ def choose_grouped(problem: GroupedProblem, *, kernel: str = "auto",
     balanced and a skewed routing (_model.routings), since the routing is not known when
     the call is compiled; each prediction corrected by the grouped measurements of the
     shipped tuning data (or ``data``) nearby."""
-    no_kernel = _no_fused_kernel(kernel, launch, platform)
+    no_kernel = _no_fused_kernel(kernel, launch, platform) or _no_kernel_of(problem, kernel,
+                                                                            launch)
     if no_kernel is not None:
         return no_kernel
     if launch is not None:

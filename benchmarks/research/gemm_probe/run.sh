@@ -6,7 +6,7 @@
 # and -clocks.csv (nvidia-smi's SM clock and power draw through the run).
 # PLAIN_IDS (may be empty) and FUSED_IDS (default "0 1") name the interleaved configs to time;
 # GEMM_PROBE_SHAPES="KxN,..." replaces the Qwen2.5 shapes; BUILD keeps the binary for a rerun
-# (e.g. under ncu).
+# (e.g. under ncu), BUILD_ONLY=1 builds it without running.
 #   OUT=dir IDLE_MS="0 30" bash benchmarks/research/gemm_probe/run.sh 2048 8192
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -17,6 +17,10 @@ mkdir -p "$OUT" "$BUILD"
 
 # shellcheck source=benchmarks/research/gemm_probe/build_env.sh
 . benchmarks/research/gemm_probe/build_env.sh
+# GEMM_PROBE_FLAGS: more nvcc flags, e.g. -DJAX_SWIGLU_PAIRED_WEIGHT_ROWS (the swap-AB rows'
+# paired form, ffi/kernels/interleaved_kernel.cuh) for a probe of the other form.
+read -r -a extra_flags <<< "${GEMM_PROBE_FLAGS:-}"
+FLAGS+=("${extra_flags[@]}")
 echo "CUTLASS: $CUTLASS_INCLUDE; cuBLAS: $CUBLAS_HEADER, $CUBLAS_LIBRARY"
 # The interleaved configs (ffi/kernel_configs.h) to time as plain GEMMs and as fused kernels.
 PLAIN_IDS=${PLAIN_IDS-0 1}
@@ -42,6 +46,8 @@ for unit in "${units[@]}"; do
 done
 for pid in "${pids[@]}"; do wait "$pid" || { tail -n 40 "$BUILD"/*.log; exit 1; }; done
 link_probe "$BUILD" probe
+# BUILD_ONLY=1: stop here (the binary in $BUILD, to run later, e.g. after another build).
+[[ -n ${BUILD_ONLY:-} ]] && exit 0
 for idle in ${IDLE_MS:-0 30}; do
   # The SM clock and power draw through the run, every 100 ms, for reading the regime.
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader -lms 100 \
