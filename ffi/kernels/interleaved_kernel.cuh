@@ -45,23 +45,12 @@
 #include "epilogue/tma_store.cuh"
 #include "launch_gemm.cuh"
 #include "mainloop/edge_tiles.cuh"
-#include "mainloop/paired_weight_rows.cuh"
 #include "mainloop/promotion_in_halves.cuh"
 #include "schedulers/expert_groups.cuh"
 #include "schedulers/m_bands.cuh"
 #include "schedulers/split_tail.cuh"
 
 namespace jax_swiglu {
-
-// Built with JAX_SWIGLU_PAIRED_WEIGHT_ROWS, the dense 16-bit swap-AB rows load the weights
-// with gate and up rows paired (mainloop/paired_weight_rows.cuh) and pair them in registers
-// instead of through shared memory: the GEMM probe times the two forms of the same rows
-// (benchmarks/research/gemm_probe) before one of them is the only one.
-#ifdef JAX_SWIGLU_PAIRED_WEIGHT_ROWS
-inline constexpr bool kPairedWeightRows = true;
-#else
-inline constexpr bool kPairedWeightRows = false;
-#endif
 
 // CUTLASS's kernel schedule for a row's schedule and accumulation: the fast-accumulation
 // schedules select the plain TMA + wgmma mainloop for e4m3 operands (no promotion, no second
@@ -191,7 +180,6 @@ struct InterleavedAssembly {
   static constexpr bool kSplitTail = kConfig.scheduler == TileScheduler::SplitTail;
   // Grouped tiles: an expert's rows of a tile (expert_groups.cuh).
   static constexpr bool kGrouped = kConfig.scheduler == TileScheduler::Grouped;
-  static constexpr bool kPairedRows = kPairedWeightRows && kSwapAb && !kFp8 && !kGrouped;
   // The sigmoid's reciprocal: alternating Newton and MUFU for the cooperative schedule,
   // MUFU's for pingpong (activations.cuh, Sigmoid).
   using Pairs = InterleavedPairs<kConfig.schedule == Schedule::Cooperative, kActivation>;
@@ -210,15 +198,14 @@ struct InterleavedAssembly {
   using SwapAbEpilogue =
       SwapAbSwiGluEpilogue<ElementD, TileShape, kActivation, kFp8,
                            cute::conditional_t<kGrouped, ExpertTileRows, DenseTileRows>,
-                           kChunkTokens, kPairedRows>;
+                           kChunkTokens>;
   using Epilogue = cute::conditional_t<
       kSwapAb, SwapAbEpilogue<SwapAbChunkTokens<kSwapAb, SwapAbEpilogue, BuildersBeside>()>,
       SwiGluEpilogue<ElementD, TileShape, Pairs, Store, Scales>>;
   using Builders = BuildersBeside<Epilogue::kSharedBytes>;
   // CUTLASS's loads, with the math loop of promotion in halves where the row asks for it.
-  using Built = cute::conditional_t<
-      kConfig.accumulation == Accumulation::PromotedInHalves, PromotionInHalvesMainloop<Builders>,
-      cute::conditional_t<kPairedRows, PairedWeightRowsMainloop<Builders>, Builders>>;
+  using Built = cute::conditional_t<kConfig.accumulation == Accumulation::PromotedInHalves,
+                                    PromotionInHalvesMainloop<Builders>, Builders>;
   // Edge tiles' x loads are kept inside x (edge_tiles.cuh): tokens on M with the direct store,
   // and every dense swap-AB row (its epilogue stores from DenseTileRows).
   static constexpr bool kShiftedRows = kSwapAb ? !kGrouped : Store::kShiftedRows;

@@ -17,8 +17,7 @@ mkdir -p "$OUT" "$BUILD"
 
 # shellcheck source=benchmarks/research/gemm_probe/build_env.sh
 . benchmarks/research/gemm_probe/build_env.sh
-# GEMM_PROBE_FLAGS: more nvcc flags, e.g. -DJAX_SWIGLU_PAIRED_WEIGHT_ROWS (the swap-AB rows'
-# paired form, ffi/kernels/interleaved_kernel.cuh) for a probe of the other form.
+# GEMM_PROBE_FLAGS: more nvcc flags (a research form's -D) for a probe of another form.
 read -r -a extra_flags <<< "${GEMM_PROBE_FLAGS:-}"
 FLAGS+=("${extra_flags[@]}")
 echo "CUTLASS: $CUTLASS_INCLUDE; cuBLAS: $CUBLAS_HEADER, $CUBLAS_LIBRARY"

@@ -10,18 +10,14 @@
 // the pairing is an exchange of registers through shared memory, shared evenly: for the even
 // 8-token blocks the up thread hands its values to the gate thread, for the odd ones the gate
 // thread hands its to the up thread; the receiver computes act(g) * u in fp32 and rounds once.
-// With kPairedRows the mainloop loads the weights through a view that pairs gate and up rows
-// (mainloop/paired_weight_rows.cuh): rows r and r + 8 of every warp are one feature's gate
-// and up, so each thread pairs its own values and nothing is exchanged.
 // The rounded outputs, [token, column] in the tile, go through shared memory again (a thread
 // holds 2 tokens per column, the output rows are column-contiguous) and leave in 16-byte
 // stores of 8 columns of one token. A pass is 128 packed rows (64 output columns): one 64-row
 // block of each warpgroup in the cooperative schedule, two blocks of its one warpgroup in
 // pingpong; a 256-row tile runs two. A pass goes in chunks of kChunkTokens (16 or 32) tokens,
 // so the shared memory held is one chunk's exchange and outputs whatever the tile's width: the
-// mainloop keeps the rest for its stages (paired rows: two chunks' outputs, alternately, so a
-// chunk needs one barrier). The assembly takes 32-token chunks (half the barriers) unless 16
-// leave the mainloop one stage more (SwapAbChunkTokens in interleaved_kernel.cuh).
+// mainloop keeps the rest for its stages. The assembly takes 32-token chunks (half the
+// barriers) unless 16 leave the mainloop one stage more (SwapAbChunkTokens below).
 //
 // It implements the epilogue interface of CUTLASS's SM90 cooperative and pingpong
 // GemmUniversal kernels, which call it only for the work unit that completes a tile (after the
@@ -43,14 +39,13 @@
 #include "../../kernel_configs.h"
 #include "../activations.cuh"
 #include "../mainloop/edge_tiles.cuh"
-#include "../mainloop/paired_weight_rows.cuh"
 #include "no_source.cuh"
 #include "scales.cuh"
 
 namespace jax_swiglu {
 
 template <class ElementD_, class CtaTileShape_, Activation kActivation, bool kScaled = false,
-          class Rows = DenseTileRows, int kChunkTokens_ = 32, bool kPairedRows = false>
+          class Rows = DenseTileRows, int kChunkTokens_ = 32>
 class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
   using Base = EpilogueWithoutSource<ElementD_>;
 
@@ -91,20 +86,13 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
   // rows 16-byte aligned and spread a warp's writes (4 tokens x 4 column pairs) over banks.
   static constexpr int kOutRow = kPassColumns + 8;
   static constexpr int kOutElements = kChunkTokens * kOutRow;
-  static_assert(!(kPairedRows && kScaled), "paired rows: 16-bit weights only");
 
-  struct ExchangeStorage {
+  struct TensorStorage {
     // Separate buffers: a chunk's exchange can be written while the previous chunk's
     // outputs are still being stored (two barriers per chunk).
     alignas(16) float exchange[kExchangeFloats];
     alignas(16) ElementD outputs[kOutElements];
   };
-  struct PairedStorage {
-    // Chunks alternate between the two: a chunk's outputs are written while the previous
-    // chunk's are stored from the other one.
-    alignas(16) ElementD outputs[2][kOutElements];
-  };
-  using TensorStorage = cute::conditional_t<kPairedRows, PairedStorage, ExchangeStorage>;
   // Shared memory the mainloop's stage count must leave free.
   static constexpr int kSharedBytes =
       static_cast<int>(sizeof(TensorStorage) + sizeof(PipelineStorage));
@@ -173,176 +161,133 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
                                                          static_cast<int>(l_coord));
     const int token0 = rows.origin;
     const int own_end = rows.end < tokens - token0 ? rows.end : tokens - token0;
+    float* const exchange = shared_tensors.exchange;
+    ElementD* const outputs = shared_tensors.outputs;
     // The parameters read once (inside the loops each read is an indexed constant load).
     const ScaleParams scales = params_.scales;
     const int n = params_.n;
     ElementD* const ptr_d = params_.ptr_d;
-    // A chunk's outputs, [token][column] in shared memory, leave in 16-byte stores: 8
-    // consecutive output columns of one token.
-    auto store_chunk = [&](const ElementD* chunk_outputs, int chunk_token0, int column0) {
-      constexpr int kGroupsPerToken = kPassColumns / 8;
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int group = thread_idx; group < kChunkTokens * kGroupsPerToken; group += kThreads) {
-        const int token = chunk_token0 + group / kGroupsPerToken;
-        const int column = (group % kGroupsPerToken) * 8;
-        if (token >= kTileTokens || token < rows.first || token >= own_end ||
-            column0 + column >= n) {
-          continue;
-        }
-        const uint4 value =
-            rows.zeros ? make_uint4(0, 0, 0, 0)
-                       : *reinterpret_cast<const uint4*>(
-                             chunk_outputs + (token - chunk_token0) * kOutRow + column);
-        *reinterpret_cast<uint4*>(ptr_d + int64_t(token0 + token) * n + column0 + column) = value;
-      }
-    };
+    // The fp8 scales (kScaled) are loaded per pass and chunk, not per output: in the wgmma
+    // layout a value v of a 64-row block is token first_token + 8 (v / 4) + v % 2 of the tile
+    // and the thread's row (v / 2) % 2 of the two it holds in the block, so a block's 4 column
+    // scales and a chunk's 4 token scales serve all its outputs. Indices are clamped into the
+    // arrays: the rows and tokens they stand in for (padding) are never stored.
+    const int packed_total = static_cast<int>(get<0>(problem_shape_mnkl));
+    const int first_token = get<1>(coords(0, 0, 0));
+    constexpr int kChunkBlocks = kChunkTokens / 8;
 
-    if constexpr (kPairedRows) {
-      // Value v of a 64-row block is the thread's row (v / 2) % 2 of its two (r, r + 8) and
-      // token 8 (v / 4) + v % 2 past its first: v with (v / 2) % 2 == 0 is a gate, v + 2 its up.
-      CUTLASS_PRAGMA_UNROLL
-      for (int pass = 0; pass < kPasses; ++pass) {
-        const int column0 = static_cast<int>(packed_tile) * kTileN + pass * kPassColumns;
+    CUTLASS_PRAGMA_UNROLL
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int column0 = static_cast<int>(packed_tile) * kTileN + pass * kPassColumns;
+      // [block of the pass][the thread's row of it]: its gate column's scale, its up column's.
+      float gate_scales[kPassBlocks][2];
+      float up_scales[kPassBlocks][2];
+      if constexpr (kScaled) {
         CUTLASS_PRAGMA_UNROLL
-        for (int chunk = 0; chunk < kChunks; ++chunk) {
-          const int chunk_token0 = chunk * kChunkTokens;
-          if (chunk_token0 >= own_end) break;
-          if (chunk_token0 + kChunkTokens <= rows.first) continue;
-          ElementD* const outputs = shared_tensors.outputs[paired_buffer_];
-          paired_buffer_ ^= 1;
-          if (!rows.zeros) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int block = 0; block < kPassBlocks; ++block) {
-              Tensor values = accumulators(_, pass * kPassBlocks + block, 0);
-              Tensor value_coords = coords(_, pass * kPassBlocks + block, 0);
-              CUTLASS_PRAGMA_UNROLL
-              for (int i = 0; i < kChunkValues; ++i) {
-                const int v = chunk * kChunkValues + i;
-                if (v < kBlockValues && (v / 2) % 2 == 0) {
-                  const int row = get<0>(value_coords(v)) % kPassPacked;
-                  const int column = (row / 64) * kGateUpBlock +
-                                     RunColumn(PairedRowColumn(row % 64));
-                  outputs[(get<1>(value_coords(v)) - chunk_token0) * kOutRow + column] =
-                      cutlass::NumericConverter<ElementD, float,
-                                                cutlass::FloatRoundStyle::round_to_nearest>{}(
-                          Activate<kActivation, false>(values(v)) * values(v + 2));
-                }
-              }
-            }
+        for (int block = 0; block < kPassBlocks; ++block) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int row = 0; row < 2; ++row) {
+            const int gate_row = get<0>(coords(2 * row, pass * kPassBlocks + block, 0)) -
+                                 (up_thread ? kGateUpBlock : 0);
+            const int gate_column = static_cast<int>(packed_tile) * kTilePacked + gate_row;
+            gate_scales[block][row] = ColumnScale(scales, min(gate_column, packed_total - 1));
+            up_scales[block][row] =
+                ColumnScale(scales, min(gate_column + kGateUpBlock, packed_total - 1));
           }
-          // The chunk's outputs are in shared memory (and the other buffer's, written two
-          // chunks ago, were stored before this barrier's previous use).
-          sync_epilogue_threads();
-          store_chunk(outputs, chunk_token0, column0);
         }
       }
-    } else {
-      float* const exchange = shared_tensors.exchange;
-      ElementD* const outputs = shared_tensors.outputs;
-      // The fp8 scales (kScaled) are loaded per pass and chunk, not per output: in the wgmma
-      // layout a value v of a 64-row block is token first_token + 8 (v / 4) + v % 2 of the tile
-      // and the thread's row (v / 2) % 2 of the two it holds in the block, so a block's 4 column
-      // scales and a chunk's 4 token scales serve all its outputs. Indices are clamped into the
-      // arrays: the rows and tokens they stand in for (padding) are never stored.
-      const int packed_total = static_cast<int>(get<0>(problem_shape_mnkl));
-      const int first_token = get<1>(coords(0, 0, 0));
-      constexpr int kChunkBlocks = kChunkTokens / 8;
 
       CUTLASS_PRAGMA_UNROLL
-      for (int pass = 0; pass < kPasses; ++pass) {
-        const int column0 = static_cast<int>(packed_tile) * kTileN + pass * kPassColumns;
-        // [block of the pass][the thread's row of it]: its gate column's scale, its up column's.
-        float gate_scales[kPassBlocks][2];
-        float up_scales[kPassBlocks][2];
+      for (int chunk = 0; chunk < kChunks; ++chunk) {
+        const int chunk_token0 = chunk * kChunkTokens;
+        // Chunks with none of the tile's own tokens (a moved edge tile's first ones, any past
+        // M) store nothing: the same for every thread, so no barrier is skipped by some only.
+        if (chunk_token0 >= own_end) break;
+        if (chunk_token0 + kChunkTokens <= rows.first) continue;
+        // [pair of the chunk's 8-token blocks][token of the two]: the scales of the thread's
+        // tokens in the blocks it computes (the even ones in a gate thread, the odd ones in an
+        // up thread; see below).
+        float token_scales[kChunkBlocks / 2][2];
         if constexpr (kScaled) {
           CUTLASS_PRAGMA_UNROLL
-          for (int block = 0; block < kPassBlocks; ++block) {
+          for (int pair_of_blocks = 0; pair_of_blocks < kChunkBlocks / 2; ++pair_of_blocks) {
             CUTLASS_PRAGMA_UNROLL
-            for (int row = 0; row < 2; ++row) {
-              const int gate_row = get<0>(coords(2 * row, pass * kPassBlocks + block, 0)) -
-                                   (up_thread ? kGateUpBlock : 0);
-              const int gate_column = static_cast<int>(packed_tile) * kTilePacked + gate_row;
-              gate_scales[block][row] = ColumnScale(scales, min(gate_column, packed_total - 1));
-              up_scales[block][row] =
-                  ColumnScale(scales, min(gate_column + kGateUpBlock, packed_total - 1));
+            for (int token = 0; token < 2; ++token) {
+              const int block = chunk * kChunkBlocks + 2 * pair_of_blocks + (up_thread ? 1 : 0);
+              const int row = token0 + first_token + 8 * block + token;
+              token_scales[pair_of_blocks][token] =
+                  TokenScale(scales, max(0, min(row, tokens - 1)));
             }
           }
         }
-
+        // Value v of a block belongs to 8-token block v / 4: the gate thread receives the
+        // even blocks, the up thread the odd ones. The previous chunk's exchange readers are
+        // done (its second barrier below), so it may be overwritten.
         CUTLASS_PRAGMA_UNROLL
-        for (int chunk = 0; chunk < kChunks; ++chunk) {
-          const int chunk_token0 = chunk * kChunkTokens;
-          // Chunks with none of the tile's own tokens (a moved edge tile's first ones, any past
-          // M) store nothing: the same for every thread, so no barrier is skipped by some only.
-          if (chunk_token0 >= own_end) break;
-          if (chunk_token0 + kChunkTokens <= rows.first) continue;
-          // [pair of the chunk's 8-token blocks][token of the two]: the scales of the thread's
-          // tokens in the blocks it computes (the even ones in a gate thread, the odd ones in an
-          // up thread; see below).
-          float token_scales[kChunkBlocks / 2][2];
-          if constexpr (kScaled) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int pair_of_blocks = 0; pair_of_blocks < kChunkBlocks / 2; ++pair_of_blocks) {
-              CUTLASS_PRAGMA_UNROLL
-              for (int token = 0; token < 2; ++token) {
-                const int block = chunk * kChunkBlocks + 2 * pair_of_blocks + (up_thread ? 1 : 0);
-                const int row = token0 + first_token + 8 * block + token;
-                token_scales[pair_of_blocks][token] =
-                    TokenScale(scales, max(0, min(row, tokens - 1)));
-              }
+        for (int block = 0; block < kPassBlocks; ++block) {
+          Tensor values = accumulators(_, pass * kPassBlocks + block, 0);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < kChunkValues; ++i) {
+            const int v = chunk * kChunkValues + i;
+            const bool odd = (v / kTokenBlockValues) % 2 == 1;
+            if (v < kBlockValues && odd != up_thread) {
+              exchange[(block * kChunkValues + i) * (kThreads / 2) + pair] = values(v);
             }
           }
-          // Value v of a block belongs to 8-token block v / 4: the gate thread receives the
-          // even blocks, the up thread the odd ones. The previous chunk's exchange readers are
-          // done (its second barrier below), so it may be overwritten.
+        }
+        // The exchange is written, and the previous chunk's outputs are stored.
+        sync_epilogue_threads();
+        if (!rows.zeros) {
           CUTLASS_PRAGMA_UNROLL
           for (int block = 0; block < kPassBlocks; ++block) {
             Tensor values = accumulators(_, pass * kPassBlocks + block, 0);
+            Tensor value_coords = coords(_, pass * kPassBlocks + block, 0);
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kChunkValues; ++i) {
               const int v = chunk * kChunkValues + i;
               const bool odd = (v / kTokenBlockValues) % 2 == 1;
-              if (v < kBlockValues && odd != up_thread) {
-                exchange[(block * kChunkValues + i) * (kThreads / 2) + pair] = values(v);
-              }
-            }
-          }
-          // The exchange is written, and the previous chunk's outputs are stored.
-          sync_epilogue_threads();
-          if (!rows.zeros) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int block = 0; block < kPassBlocks; ++block) {
-              Tensor values = accumulators(_, pass * kPassBlocks + block, 0);
-              Tensor value_coords = coords(_, pass * kPassBlocks + block, 0);
-              CUTLASS_PRAGMA_UNROLL
-              for (int i = 0; i < kChunkValues; ++i) {
-                const int v = chunk * kChunkValues + i;
-                const bool odd = (v / kTokenBlockValues) % 2 == 1;
-                if (v < kBlockValues && odd == up_thread) {
-                  const float mine = values(v);
-                  const float partners =
-                      exchange[(block * kChunkValues + i) * (kThreads / 2) + pair];
-                  float g = up_thread ? partners : mine;
-                  float u = up_thread ? mine : partners;
-                  const int token = get<1>(value_coords(v));
-                  const int gate_row = get<0>(value_coords(v)) - (up_thread ? kGateUpBlock : 0);
-                  if constexpr (kScaled) {
-                    const float x_scale =
-                        token_scales[(v / kTokenBlockValues) % kChunkBlocks / 2][v % 2];
-                    g *= x_scale * gate_scales[block][(v / 2) % 2];
-                    u *= x_scale * up_scales[block][(v / 2) % 2];
-                  }
-                  outputs[(token - chunk_token0) * kOutRow + OutputColumn(gate_row)] =
-                      cutlass::NumericConverter<ElementD, float,
-                                                cutlass::FloatRoundStyle::round_to_nearest>{}(
-                          Activate<kActivation, false>(g) * u);
+              if (v < kBlockValues && odd == up_thread) {
+                const float mine = values(v);
+                const float partners =
+                    exchange[(block * kChunkValues + i) * (kThreads / 2) + pair];
+                float g = up_thread ? partners : mine;
+                float u = up_thread ? mine : partners;
+                const int token = get<1>(value_coords(v));
+                const int gate_row = get<0>(value_coords(v)) - (up_thread ? kGateUpBlock : 0);
+                if constexpr (kScaled) {
+                  const float x_scale =
+                      token_scales[(v / kTokenBlockValues) % kChunkBlocks / 2][v % 2];
+                  g *= x_scale * gate_scales[block][(v / 2) % 2];
+                  u *= x_scale * up_scales[block][(v / 2) % 2];
                 }
+                outputs[(token - chunk_token0) * kOutRow + OutputColumn(gate_row)] =
+                    cutlass::NumericConverter<ElementD, float,
+                                              cutlass::FloatRoundStyle::round_to_nearest>{}(
+                        Activate<kActivation, false>(g) * u);
               }
             }
           }
-          // The chunk's outputs are in shared memory, and its exchange is read.
-          sync_epilogue_threads();
-          store_chunk(outputs, chunk_token0, column0);
+        }
+        // The chunk's outputs are in shared memory, and its exchange is read.
+        sync_epilogue_threads();
+
+        // 16-byte stores: 8 consecutive output columns of one token.
+        constexpr int kGroupsPerToken = kPassColumns / 8;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int group = thread_idx; group < kChunkTokens * kGroupsPerToken;
+             group += kThreads) {
+          const int token = chunk_token0 + group / kGroupsPerToken;
+          const int column = (group % kGroupsPerToken) * 8;
+          if (token >= kTileTokens || token < rows.first || token >= own_end ||
+              column0 + column >= n) {
+            continue;
+          }
+          const uint4 value =
+              rows.zeros ? make_uint4(0, 0, 0, 0)
+                         : *reinterpret_cast<const uint4*>(
+                               outputs + (token - chunk_token0) * kOutRow + column);
+          *reinterpret_cast<uint4*>(ptr_d + int64_t(token0 + token) * n +
+                                    column0 + column) = value;
         }
       }
     }
@@ -360,17 +305,11 @@ class SwapAbSwiGluEpilogue : public EpilogueWithoutSource<ElementD_> {
   // 8q + 2j + e of a 32-column run at packed position 8j + 2q + e (jax_swiglu/_layout.py).
   CUTLASS_DEVICE static int OutputColumn(int row) {
     const int block = (row % kPassPacked) / (2 * kGateUpBlock);
-    return block * kGateUpBlock + RunColumn(row % (2 * kGateUpBlock));
-  }
-  // The output column (of a run's 32) of packed position `position` of a gate run.
-  CUTLASS_DEVICE static int RunColumn(int position) {
-    return 8 * ((position % 8) / 2) + 2 * (position / 8) + position % 2;
+    const int position = row % (2 * kGateUpBlock);
+    return block * kGateUpBlock + 8 * ((position % 8) / 2) + 2 * (position / 8) + position % 2;
   }
 
   Params const& params_;
-  // Paired rows: which of the two output buffers the next chunk writes (kept across tiles, so
-  // a tile's first chunk never writes the buffer its previous tile's last chunk stores from).
-  int paired_buffer_ = 0;
 };
 
 }  // namespace jax_swiglu
